@@ -1,0 +1,1 @@
+//! polyop adapter for onnxruntime: not yet implemented.

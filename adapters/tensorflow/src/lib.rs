@@ -1,0 +1,1 @@
+//! polyop adapter for tensorflow: not yet implemented.

@@ -1,0 +1,1 @@
+//! polyop adapter for torch: not yet implemented.

@@ -1,0 +1,1 @@
+//! polyop adapter for xla: not yet implemented.

@@ -1,0 +1,235 @@
+//! Attribute values (the non-tensor arguments of an op) and their binding against a schema.
+
+use crate::schema::{ArgType, Schema};
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    None,
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    IntList(Vec<i64>),
+    FloatList(Vec<f64>),
+}
+
+impl AttrValue {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            AttrValue::None => "None",
+            AttrValue::Int(_) => "int",
+            AttrValue::Float(_) => "float",
+            AttrValue::Bool(_) => "bool",
+            AttrValue::Str(_) => "str",
+            AttrValue::IntList(_) => "int[]",
+            AttrValue::FloatList(_) => "float[]",
+        }
+    }
+    /// How the value is written in a schema default.
+    pub fn schema_literal(&self) -> String {
+        match self {
+            AttrValue::None => "None".into(),
+            AttrValue::Int(i) => i.to_string(),
+            AttrValue::Float(f) => {
+                let s = format!("{f:?}");
+                s
+            }
+            AttrValue::Bool(b) => if *b { "True" } else { "False" }.into(),
+            AttrValue::Str(s) => format!("\"{s}\""),
+            AttrValue::IntList(v) => {
+                format!(
+                    "[{}]",
+                    v.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+            AttrValue::FloatList(v) => {
+                format!(
+                    "[{}]",
+                    v.iter()
+                        .map(|x| format!("{x:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        }
+    }
+}
+
+/// Bound attributes: every attribute of the schema, in schema order, with defaults filled in
+/// and values coerced to the declared type.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Attrs {
+    values: Vec<(String, AttrValue)>,
+}
+
+impl Attrs {
+    /// Bind `given` (name, value) pairs to `schema`'s attribute arguments. Coercions are the
+    /// ones frameworks need: an int for a float, 0/1 ints for a bool (ONNX has no bool). Unknown
+    /// names, missing required attributes and wrong types are errors naming the attribute.
+    pub fn bind<'a>(
+        schema: &Schema,
+        given: impl IntoIterator<Item = (&'a str, AttrValue)>,
+    ) -> Result<Attrs> {
+        let mut given: Vec<(&str, AttrValue)> = given.into_iter().collect();
+        let mut values = Vec::new();
+        for arg in schema.attr_args() {
+            let pos = given.iter().position(|(n, _)| *n == arg.name);
+            let v = match pos {
+                Some(p) => given.remove(p).1,
+                None => match &arg.default {
+                    Some(d) => d.clone(),
+                    None => {
+                        return Err(Error::invalid(format!(
+                            "missing required attribute `{}` ({})",
+                            arg.name,
+                            arg.ty.schema_name()
+                        )))
+                    }
+                },
+            };
+            let v = coerce(&arg.name, &arg.ty, v)?;
+            values.push((arg.name.clone(), v));
+        }
+        if let Some((name, _)) = given.first() {
+            let known: Vec<&str> = schema.attr_args().map(|a| a.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "unknown attribute `{name}` (this op takes: {})",
+                if known.is_empty() {
+                    "no attributes".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+        Ok(Attrs { values })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &AttrValue)> {
+        self.values.iter().map(|(n, v)| (n.as_str(), v))
+    }
+    pub fn get(&self, name: &str) -> Result<&AttrValue> {
+        self.values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| Error::internal(format!("op has no attribute `{name}`")))
+    }
+    pub fn int(&self, name: &str) -> Result<i64> {
+        match self.get(name)? {
+            AttrValue::Int(i) => Ok(*i),
+            v => Err(Error::internal(format!(
+                "attribute `{name}` is {}, not int",
+                v.type_name()
+            ))),
+        }
+    }
+    pub fn float(&self, name: &str) -> Result<f64> {
+        match self.get(name)? {
+            AttrValue::Float(f) => Ok(*f),
+            v => Err(Error::internal(format!(
+                "attribute `{name}` is {}, not float",
+                v.type_name()
+            ))),
+        }
+    }
+    pub fn bool(&self, name: &str) -> Result<bool> {
+        match self.get(name)? {
+            AttrValue::Bool(b) => Ok(*b),
+            v => Err(Error::internal(format!(
+                "attribute `{name}` is {}, not bool",
+                v.type_name()
+            ))),
+        }
+    }
+    pub fn str(&self, name: &str) -> Result<&str> {
+        match self.get(name)? {
+            AttrValue::Str(s) => Ok(s),
+            v => Err(Error::internal(format!(
+                "attribute `{name}` is {}, not str",
+                v.type_name()
+            ))),
+        }
+    }
+    pub fn int_list(&self, name: &str) -> Result<&[i64]> {
+        match self.get(name)? {
+            AttrValue::IntList(l) => Ok(l),
+            v => Err(Error::internal(format!(
+                "attribute `{name}` is {}, not int[]",
+                v.type_name()
+            ))),
+        }
+    }
+}
+
+fn coerce(name: &str, ty: &ArgType, v: AttrValue) -> Result<AttrValue> {
+    let bad = |v: &AttrValue| {
+        Err(Error::invalid(format!(
+            "attribute `{name}` must be {}, got {}",
+            ty.schema_name(),
+            v.type_name()
+        )))
+    };
+    match (ty, v) {
+        (ArgType::Int, v @ AttrValue::Int(_)) => Ok(v),
+        (ArgType::Float, v @ AttrValue::Float(_)) => Ok(v),
+        (ArgType::Float, AttrValue::Int(i)) => Ok(AttrValue::Float(i as f64)),
+        (ArgType::Bool, v @ AttrValue::Bool(_)) => Ok(v),
+        (ArgType::Bool, AttrValue::Int(i)) if i == 0 || i == 1 => Ok(AttrValue::Bool(i == 1)),
+        (ArgType::Str, v @ AttrValue::Str(_)) => Ok(v),
+        (ArgType::IntList, v @ AttrValue::IntList(_)) => Ok(v),
+        (ArgType::FloatList, v @ AttrValue::FloatList(_)) => Ok(v),
+        (ArgType::FloatList, AttrValue::IntList(l)) => Ok(AttrValue::FloatList(
+            l.into_iter().map(|i| i as f64).collect(),
+        )),
+        (_, v) => bad(&v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topk() -> Schema {
+        Schema::parse("topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)")
+            .unwrap()
+    }
+
+    #[test]
+    fn fills_defaults_and_coerces() {
+        let a = Attrs::bind(
+            &topk(),
+            [("k", AttrValue::Int(2)), ("largest", AttrValue::Int(0))],
+        )
+        .unwrap();
+        assert_eq!(a.int("k").unwrap(), 2);
+        assert_eq!(a.int("axis").unwrap(), -1);
+        assert!(!a.bool("largest").unwrap());
+        let s = Schema::parse("scale(Tensor x, float alpha) -> Tensor").unwrap();
+        let a = Attrs::bind(&s, [("alpha", AttrValue::Int(3))]).unwrap();
+        assert_eq!(a.float("alpha").unwrap(), 3.0);
+    }
+
+    #[test]
+    fn rejects_bad_attributes() {
+        let e = Attrs::bind(&topk(), []).unwrap_err();
+        assert!(e.message.contains("missing required attribute `k`"), "{e}");
+        let e = Attrs::bind(
+            &topk(),
+            [("k", AttrValue::Int(1)), ("kk", AttrValue::Int(1))],
+        )
+        .unwrap_err();
+        assert!(e.message.contains("unknown attribute `kk`"), "{e}");
+        let e = Attrs::bind(&topk(), [("k", AttrValue::Float(1.5))]).unwrap_err();
+        assert!(e.message.contains("`k` must be int, got float"), "{e}");
+        let e = Attrs::bind(
+            &topk(),
+            [("k", AttrValue::Int(1)), ("largest", AttrValue::Int(2))],
+        )
+        .unwrap_err();
+        assert!(e.message.contains("`largest` must be bool"), "{e}");
+    }
+}

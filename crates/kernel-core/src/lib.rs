@@ -1,0 +1,34 @@
+//! polyop kernel-core: everything an op needs that is not a framework.
+//!
+//! - [`DType`], [`Element`], [`FloatElem`]: element types.
+//! - [`TensorRef`], [`TensorMut`], [`OwnedTensor`]: strided views and helpers.
+//! - [`Schema`]: PyTorch-style schema strings; [`Attrs`]: bound attribute values.
+//! - [`OpDef`], [`Registry`]: ops as data; [`TensorSpec`]: shapes with unknown dims.
+//! - [`ThreadPool`], [`parallel_for`]: the host's threads, fixed partitioning.
+//! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries.
+
+pub mod attrs;
+pub mod dtype;
+pub mod error;
+pub mod exec;
+pub mod op;
+pub mod parallel;
+pub mod schema;
+pub mod tensor;
+
+pub use attrs::{AttrValue, Attrs};
+pub use dtype::{DType, Element, FloatElem};
+pub use error::{catch_panic, Error, ErrorKind, Result};
+pub use op::{
+    camel_case, Backward, BwdInput, Dim, InferCtx, KernelCtx, OpBuilder, OpDef, OpFlags,
+    OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
+};
+pub use parallel::{default_pool, parallel_for, PanicSlot, RayonPool, SerialPool, ThreadPool};
+pub use schema::{Arg, ArgType, Schema};
+pub use tensor::{
+    broadcast_shapes, broadcast_strides, contiguous_strides, for_each_row, normalize_axis, numel,
+    OwnedTensor, SharedMut, TensorMut, TensorRef,
+};
+
+// Re-exported so `dispatch_float!` works in crates that do not depend on `half` themselves.
+pub use half;

@@ -1,0 +1,560 @@
+//! An op is data: a schema, dtype rules, a shape function, a CPU kernel, an optional backward
+//! (itself an op) and flags. Adapters translate [`OpDef`]s; they never know a particular op.
+
+use crate::parallel::ThreadPool;
+use crate::schema::Schema;
+use crate::tensor::{TensorMut, TensorRef};
+use crate::{AttrValue, Attrs, DType, Error, Result};
+
+/// A dimension that may be unknown (TF graph mode, JAX tracing with symbolic dims).
+pub type Dim = Option<usize>;
+
+/// dtype + shape, with possibly unknown dims. `shape == None` means unknown rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub dtype: DType,
+    pub shape: Option<Vec<Dim>>,
+}
+
+impl TensorSpec {
+    pub fn new(dtype: DType, shape: &[usize]) -> Self {
+        TensorSpec {
+            dtype,
+            shape: Some(shape.iter().map(|&d| Some(d)).collect()),
+        }
+    }
+    pub fn with_dims(dtype: DType, dims: Vec<Dim>) -> Self {
+        TensorSpec {
+            dtype,
+            shape: Some(dims),
+        }
+    }
+    pub fn unknown_rank(dtype: DType) -> Self {
+        TensorSpec { dtype, shape: None }
+    }
+    pub fn rank(&self) -> Option<usize> {
+        self.shape.as_ref().map(Vec::len)
+    }
+    /// The shape when every dim is known.
+    pub fn concrete(&self) -> Option<Vec<usize>> {
+        self.shape.as_ref()?.iter().copied().collect()
+    }
+}
+
+/// Output shapes as an op's shape function returns them; `None` = unknown rank.
+pub type ShapeOut = Option<Vec<Dim>>;
+
+/// What a shape function sees. Only shapes: dtypes were already checked against the op's
+/// dtype rules, and output dtypes follow from them.
+pub struct InferCtx<'a> {
+    pub op: &'a OpDef,
+    /// One entry per tensor argument; `None` for an absent optional tensor.
+    pub inputs: &'a [Option<TensorSpec>],
+    pub attrs: &'a Attrs,
+}
+
+impl InferCtx<'_> {
+    /// The spec of tensor input `i` (required inputs are always present here).
+    pub fn input(&self, i: usize) -> &TensorSpec {
+        self.inputs[i]
+            .as_ref()
+            .expect("required input checked present")
+    }
+    pub fn input_opt(&self, i: usize) -> Option<&TensorSpec> {
+        self.inputs.get(i).and_then(Option::as_ref)
+    }
+    /// Input `i`'s dims, or `None` when its rank is unknown.
+    pub fn dims(&self, i: usize) -> Option<&[Dim]> {
+        self.input(i).shape.as_deref()
+    }
+}
+
+/// What a kernel sees: validated inputs, outputs allocated by the framework to the inferred
+/// shapes (contiguous), attributes, and the host's thread pool.
+pub struct KernelCtx<'a, 'b> {
+    pub op: &'a OpDef,
+    pub inputs: &'b [Option<TensorRef<'a>>],
+    /// Pre-allocated outputs. Empty for ops with `data_dependent_shape`: those call
+    /// [`KernelCtx::alloc_output`].
+    pub outputs: &'b mut [TensorMut<'a>],
+    pub attrs: &'a Attrs,
+    pub pool: &'a dyn ThreadPool,
+    allocator: Option<&'b mut dyn OutputAllocator<'a>>,
+}
+
+/// How a data-dependent op gets its outputs once it knows their shapes.
+pub trait OutputAllocator<'a> {
+    fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>>;
+}
+
+impl<'a, 'b> KernelCtx<'a, 'b> {
+    pub fn new(
+        op: &'a OpDef,
+        inputs: &'b [Option<TensorRef<'a>>],
+        outputs: &'b mut [TensorMut<'a>],
+        attrs: &'a Attrs,
+        pool: &'a dyn ThreadPool,
+    ) -> Self {
+        KernelCtx {
+            op,
+            inputs,
+            outputs,
+            attrs,
+            pool,
+            allocator: None,
+        }
+    }
+    /// For data-dependent ops: outputs come from `allocator`.
+    pub fn with_allocator(mut self, allocator: &'b mut dyn OutputAllocator<'a>) -> Self {
+        self.allocator = Some(allocator);
+        self
+    }
+    pub fn input(&self, i: usize) -> &TensorRef<'a> {
+        self.inputs[i]
+            .as_ref()
+            .expect("required input checked present")
+    }
+    pub fn input_opt(&self, i: usize) -> Option<&TensorRef<'a>> {
+        self.inputs.get(i).and_then(Option::as_ref)
+    }
+    /// Allocate output `index` with `shape` (data-dependent ops only).
+    pub fn alloc_output(&mut self, index: usize, shape: &[usize]) -> Result<TensorMut<'a>> {
+        let dtype = self.op.output_dtype(index, self.inputs)?;
+        match self.allocator.as_mut() {
+            Some(a) => a.allocate(index, dtype, shape),
+            None => Err(Error::internal("this call site offers no output allocator")),
+        }
+    }
+}
+
+pub type InferFn = fn(&InferCtx) -> Result<Vec<ShapeOut>>;
+pub type KernelFn = fn(&mut KernelCtx) -> Result<()>;
+
+/// Where one input of a backward op comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BwdInput {
+    /// The incoming gradient of forward output `i`.
+    Grad(usize),
+    /// Forward tensor input `i`.
+    Input(usize),
+    /// Forward output `i`.
+    Output(usize),
+}
+
+/// How to compute gradients: run op `op` on `inputs`; its output `j` is the gradient of forward
+/// tensor input `outputs[j]`. Attributes of the backward op are taken by name from the forward
+/// call's attributes.
+#[derive(Debug, Clone, Copy)]
+pub struct Backward {
+    pub op: &'static str,
+    pub inputs: &'static [BwdInput],
+    pub outputs: &'static [usize],
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpFlags {
+    /// Writes its result into input 0 and returns it (`relu_`). Only frameworks with in-place
+    /// semantics (torch) expose such ops; the others skip them.
+    pub inplace: bool,
+    /// Output shapes depend on the data (`nonzero`): the kernel allocates through
+    /// [`KernelCtx::alloc_output`], and static-shape frameworks refuse the op at trace time.
+    pub data_dependent_shape: bool,
+    /// A backward op: exposed so gradients can call it, not part of the user-facing list.
+    pub backward_only: bool,
+}
+
+/// Which dtype each tensor argument / return has: the type variable `T` or a fixed dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TypeRule {
+    T,
+    Fixed(DType),
+}
+
+pub struct OpDef {
+    pub name: &'static str,
+    pub schema: Schema,
+    pub doc: &'static str,
+    /// The dtypes type variable `T` may take.
+    pub dtypes: &'static [DType],
+    /// Per tensor input, in schema order.
+    pub input_types: Vec<TypeRule>,
+    /// Per output.
+    pub output_types: Vec<TypeRule>,
+    pub infer_fn: InferFn,
+    pub cpu: KernelFn,
+    pub backward: Option<Backward>,
+    pub flags: OpFlags,
+    /// CamelCase op type (ONNX op_type, TF op type after the prefix). Defaults to the
+    /// mechanical conversion of `name` (`rms_norm` -> `RmsNorm`).
+    pub camel_name: String,
+    /// ONNX's conventional spelling when it differs from `camel_name` (`TopK`, `NonZero`).
+    pub onnx_name: Option<&'static str>,
+}
+
+impl std::fmt::Debug for OpDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpDef({})", self.schema)
+    }
+}
+
+/// `rms_norm` -> `RmsNorm`, `relu_` -> `Relu_`.
+pub fn camel_case(name: &str) -> String {
+    let trailing = name.len() - name.trim_end_matches('_').len();
+    let mut out: String = name
+        .trim_end_matches('_')
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            match c.next() {
+                Some(f) => f.to_ascii_uppercase().to_string() + c.as_str(),
+                None => String::new(),
+            }
+        })
+        .collect();
+    out.push_str(&"_".repeat(trailing));
+    out
+}
+
+/// Builds an [`OpDef`] from a schema string.
+pub struct OpBuilder {
+    schema: &'static str,
+    doc: &'static str,
+    dtypes: &'static [DType],
+    fixed: Vec<(&'static str, DType)>,
+    infer: Option<InferFn>,
+    cpu: Option<KernelFn>,
+    backward: Option<Backward>,
+    flags: OpFlags,
+    onnx_name: Option<&'static str>,
+}
+
+impl OpDef {
+    pub fn builder(schema: &'static str) -> OpBuilder {
+        OpBuilder {
+            schema,
+            doc: "",
+            dtypes: DType::FLOAT,
+            fixed: Vec::new(),
+            infer: None,
+            cpu: None,
+            backward: None,
+            flags: OpFlags::default(),
+            onnx_name: None,
+        }
+    }
+
+    pub fn num_inputs(&self) -> usize {
+        self.input_types.len()
+    }
+    pub fn num_outputs(&self) -> usize {
+        self.output_types.len()
+    }
+    pub fn onnx_op_type(&self) -> &str {
+        self.onnx_name.unwrap_or(&self.camel_name)
+    }
+
+    /// The type `T` is bound to by these inputs (the first present T-typed input).
+    fn bound_t(&self, dtypes: impl Iterator<Item = Option<DType>>) -> Option<DType> {
+        self.input_types
+            .iter()
+            .zip(dtypes)
+            .find_map(|(r, d)| if *r == TypeRule::T { d } else { None })
+    }
+
+    /// Output `i`'s dtype given the inputs.
+    pub fn output_dtype(&self, i: usize, inputs: &[Option<TensorRef>]) -> Result<DType> {
+        match self.output_types.get(i) {
+            Some(TypeRule::Fixed(d)) => Ok(*d),
+            Some(TypeRule::T) => self
+                .bound_t(inputs.iter().map(|t| t.as_ref().map(|t| t.dtype)))
+                .ok_or_else(|| Error::internal("no input binds T")),
+            None => Err(Error::internal(format!("no output {i}"))),
+        }
+    }
+
+    /// Check arity, presence and dtypes of the inputs; returns the dtype bound to `T`.
+    pub fn check_inputs(&self, dtypes: &[Option<DType>]) -> Result<Option<DType>> {
+        let args: Vec<_> = self.schema.tensor_args().collect();
+        if dtypes.len() != args.len() {
+            return Err(Error::invalid(format!(
+                "expected {} tensor input(s) ({}), got {}",
+                args.len(),
+                args.iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                dtypes.len()
+            ))
+            .in_op(self.name));
+        }
+        let t = self.bound_t(dtypes.iter().copied());
+        for ((arg, rule), d) in args.iter().zip(&self.input_types).zip(dtypes) {
+            let Some(d) = d else {
+                if arg.ty == crate::schema::ArgType::Tensor {
+                    return Err(Error::invalid(format!("input `{}` is required", arg.name))
+                        .in_op(self.name));
+                }
+                continue;
+            };
+            match rule {
+                TypeRule::Fixed(f) if d != f => {
+                    return Err(Error::invalid(format!(
+                        "input `{}` must be {f}, got {d}",
+                        arg.name
+                    ))
+                    .in_op(self.name))
+                }
+                TypeRule::T if !self.dtypes.contains(d) => {
+                    return Err(Error::invalid(format!(
+                        "unsupported dtype {d} for input `{}` (supported: {})",
+                        arg.name,
+                        self.dtypes
+                            .iter()
+                            .map(|d| d.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                    .in_op(self.name))
+                }
+                TypeRule::T if Some(*d) != t => {
+                    return Err(Error::invalid(format!(
+                        "dtype mismatch: input `{}` is {d} but earlier inputs are {}",
+                        arg.name,
+                        t.expect("T bound by an earlier input")
+                    ))
+                    .in_op(self.name))
+                }
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+
+    /// Shape inference over specs whose dims may be unknown. Validates dtypes, arity and
+    /// attributes, then calls the op's shape function.
+    pub fn infer(&self, inputs: &[Option<TensorSpec>], attrs: &Attrs) -> Result<Vec<TensorSpec>> {
+        let dtypes: Vec<Option<DType>> =
+            inputs.iter().map(|s| s.as_ref().map(|s| s.dtype)).collect();
+        let t = self.check_inputs(&dtypes)?;
+        let ctx = InferCtx {
+            op: self,
+            inputs,
+            attrs,
+        };
+        let shapes = (self.infer_fn)(&ctx).map_err(|e| e.in_op(self.name))?;
+        if shapes.len() != self.num_outputs() {
+            return Err(Error::internal(format!(
+                "shape function returned {} outputs, schema has {}",
+                shapes.len(),
+                self.num_outputs()
+            ))
+            .in_op(self.name));
+        }
+        shapes
+            .into_iter()
+            .zip(&self.output_types)
+            .map(|(shape, rule)| {
+                let dtype = match rule {
+                    TypeRule::Fixed(d) => *d,
+                    TypeRule::T => {
+                        t.ok_or_else(|| Error::internal("no input binds T").in_op(self.name))?
+                    }
+                };
+                Ok(TensorSpec { dtype, shape })
+            })
+            .collect()
+    }
+
+    /// Shape inference for concrete inputs. For ops without data-dependent shapes every
+    /// returned shape is fully known.
+    pub fn infer_concrete(
+        &self,
+        inputs: &[Option<TensorRef>],
+        attrs: &Attrs,
+    ) -> Result<Vec<TensorSpec>> {
+        let specs: Vec<Option<TensorSpec>> = inputs
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.spec()))
+            .collect();
+        self.infer(&specs, attrs)
+    }
+
+    /// Bind attributes given by name to this op's schema (defaults, coercions, errors).
+    pub fn bind_attrs<'a>(
+        &self,
+        given: impl IntoIterator<Item = (&'a str, AttrValue)>,
+    ) -> Result<Attrs> {
+        Attrs::bind(&self.schema, given).map_err(|e| e.in_op(self.name))
+    }
+
+    /// Run the kernel: inputs validated by [`OpDef::infer_concrete`] first, outputs allocated to
+    /// its shapes. Panics are caught and returned as errors.
+    pub fn compute(&self, ctx: &mut KernelCtx) -> Result<()> {
+        crate::catch_panic(self.name, || (self.cpu)(ctx))
+    }
+}
+
+impl OpBuilder {
+    pub fn doc(mut self, doc: &'static str) -> Self {
+        self.doc = doc;
+        self
+    }
+    /// The dtypes the type variable `T` may take (default: float).
+    pub fn dtypes(mut self, dtypes: &'static [DType]) -> Self {
+        self.dtypes = dtypes;
+        self
+    }
+    /// Tensor argument or named return `name` always has dtype `dtype`.
+    pub fn fixed(mut self, name: &'static str, dtype: DType) -> Self {
+        self.fixed.push((name, dtype));
+        self
+    }
+    pub fn infer(mut self, f: InferFn) -> Self {
+        self.infer = Some(f);
+        self
+    }
+    pub fn cpu(mut self, f: KernelFn) -> Self {
+        self.cpu = Some(f);
+        self
+    }
+    pub fn backward(
+        mut self,
+        op: &'static str,
+        inputs: &'static [BwdInput],
+        outputs: &'static [usize],
+    ) -> Self {
+        self.backward = Some(Backward {
+            op,
+            inputs,
+            outputs,
+        });
+        self
+    }
+    pub fn inplace(mut self) -> Self {
+        self.flags.inplace = true;
+        self
+    }
+    pub fn data_dependent_shape(mut self) -> Self {
+        self.flags.data_dependent_shape = true;
+        self
+    }
+    pub fn backward_only(mut self) -> Self {
+        self.flags.backward_only = true;
+        self
+    }
+    pub fn onnx_name(mut self, name: &'static str) -> Self {
+        self.onnx_name = Some(name);
+        self
+    }
+
+    pub fn build(self) -> Result<OpDef> {
+        let schema = Schema::parse(self.schema)?;
+        let leaked: &'static str = Box::leak(schema.name.clone().into_boxed_str());
+        let rule = |name: Option<&str>| match name
+            .and_then(|n| self.fixed.iter().find(|(f, _)| *f == n))
+        {
+            Some((_, d)) => TypeRule::Fixed(*d),
+            None => TypeRule::T,
+        };
+        let input_types: Vec<TypeRule> =
+            schema.tensor_args().map(|a| rule(Some(&a.name))).collect();
+        let output_types: Vec<TypeRule> = schema
+            .returns
+            .iter()
+            .map(|r| rule(r.name.as_deref()))
+            .collect();
+        for (f, _) in &self.fixed {
+            let known = schema.tensor_args().any(|a| a.name == *f)
+                || schema.returns.iter().any(|r| r.name.as_deref() == Some(*f));
+            if !known {
+                return Err(
+                    Error::invalid(format!("fixed dtype for unknown tensor `{f}`")).in_op(leaked),
+                );
+            }
+        }
+        if !input_types.contains(&TypeRule::T) && output_types.contains(&TypeRule::T) {
+            return Err(Error::invalid("an output has type T but no input binds T").in_op(leaked));
+        }
+        Ok(OpDef {
+            name: leaked,
+            camel_name: camel_case(&schema.name),
+            schema,
+            doc: self.doc,
+            dtypes: self.dtypes,
+            input_types,
+            output_types,
+            infer_fn: self
+                .infer
+                .ok_or_else(|| Error::invalid("no shape function").in_op(leaked))?,
+            cpu: self
+                .cpu
+                .ok_or_else(|| Error::invalid("no cpu kernel").in_op(leaked))?,
+            backward: self.backward,
+            flags: self.flags,
+            onnx_name: self.onnx_name,
+        })
+    }
+}
+
+/// A set of ops, looked up by name. Adapters are generic over a `&'static Registry`.
+#[derive(Default, Debug)]
+pub struct Registry {
+    ops: Vec<OpDef>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Add an op; names must be unique.
+    pub fn register(&mut self, op: OpDef) -> Result<()> {
+        if self.get(op.name).is_some() {
+            return Err(Error::invalid("an op of this name is already registered").in_op(op.name));
+        }
+        self.ops.push(op);
+        Ok(())
+    }
+    pub fn get(&self, name: &str) -> Option<&OpDef> {
+        self.ops.iter().find(|o| o.name == name)
+    }
+    pub fn lookup(&self, name: &str) -> Result<&OpDef> {
+        self.get(name).ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown op `{name}` (known: {})",
+                self.ops
+                    .iter()
+                    .map(|o| o.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+    pub fn ops(&self) -> impl Iterator<Item = &OpDef> {
+        self.ops.iter()
+    }
+    /// Check that every backward refers to a registered op with matching arity.
+    pub fn validate(&self) -> Result<()> {
+        for op in &self.ops {
+            if let Some(b) = &op.backward {
+                let bop = self.lookup(b.op).map_err(|e| e.in_op(op.name))?;
+                if bop.num_inputs() != b.inputs.len() || bop.num_outputs() != b.outputs.len() {
+                    return Err(Error::invalid(format!(
+                        "backward op `{}` arity does not match the backward spec",
+                        b.op
+                    ))
+                    .in_op(op.name));
+                }
+                for (name, _) in bop.schema.attr_args().map(|a| (a.name.as_str(), ())) {
+                    if !op.schema.attr_args().any(|a| a.name == name) {
+                        return Err(Error::invalid(format!(
+                            "backward op `{}` needs attribute `{name}` the forward op lacks",
+                            b.op
+                        ))
+                        .in_op(op.name));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,492 @@
+//! Tensor views: dtype + shape + strides (in elements) + pointer. Views never own data; the
+//! framework (or [`OwnedTensor`], for tests and the Python core) does.
+
+use crate::{DType, Element, Error, Result};
+use std::borrow::Cow;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// Row-major (C order) strides, in elements, for `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
+    let mut strides = vec![0isize; shape.len()];
+    let mut acc = 1isize;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = acc;
+        acc *= d.max(1) as isize;
+    }
+    strides
+}
+
+/// Number of elements of `shape` (1 for rank 0).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// True when `strides` describe a dense row-major layout of `shape`. Dims of size 1 may carry
+/// any stride, and an empty tensor is always contiguous.
+pub fn is_contiguous(shape: &[usize], strides: &[isize]) -> bool {
+    if numel(shape) == 0 {
+        return true;
+    }
+    let mut expected = 1isize;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return false;
+        }
+        expected *= d as isize;
+    }
+    true
+}
+
+/// Python-style axis: `-1` is the last. Errors when out of range for `rank`.
+pub fn normalize_axis(axis: i64, rank: usize) -> Result<usize> {
+    let r = rank as i64;
+    // A rank-0 tensor behaves as rank 1 for axis arguments, as in NumPy/PyTorch reductions.
+    let r_eff = r.max(1);
+    if axis < -r_eff || axis >= r_eff {
+        return Err(Error::invalid(format!(
+            "axis {axis} is out of range for a tensor of rank {rank} (expected {} to {})",
+            -r_eff,
+            r_eff - 1
+        )));
+    }
+    Ok(if axis < 0 {
+        (axis + r_eff) as usize
+    } else {
+        axis as usize
+    })
+}
+
+/// NumPy broadcasting of two concrete shapes.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0usize; rank];
+    for i in 0..rank {
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return Err(Error::invalid(format!(
+                "shapes {a:?} and {b:?} cannot be broadcast together (dim {da} vs {db})"
+            )));
+        };
+    }
+    Ok(out)
+}
+
+/// Strides that read a tensor of `shape`/`strides` as if it had the (broadcast) `out_shape`:
+/// broadcast dims get stride 0.
+pub fn broadcast_strides(shape: &[usize], strides: &[isize], out_shape: &[usize]) -> Vec<isize> {
+    let off = out_shape.len() - shape.len();
+    let mut out = vec![0isize; out_shape.len()];
+    for i in 0..shape.len() {
+        out[off + i] = if shape[i] == 1 && out_shape[off + i] != 1 {
+            0
+        } else {
+            strides[i]
+        };
+    }
+    out
+}
+
+/// Visit the element offsets (in elements) of a strided layout in row-major order, one
+/// innermost row at a time: `f(base_offset, inner_len, inner_stride)`. Kernels use this so
+/// the innermost loop is a plain strided loop the compiler can vectorise.
+pub fn for_each_row(shape: &[usize], strides: &[isize], mut f: impl FnMut(isize, usize, isize)) {
+    if numel(shape) == 0 {
+        return;
+    }
+    if shape.is_empty() {
+        f(0, 1, 1);
+        return;
+    }
+    let rank = shape.len();
+    let inner = shape[rank - 1];
+    let inner_stride = strides[rank - 1];
+    let mut idx = vec![0usize; rank - 1];
+    let mut base = 0isize;
+    loop {
+        f(base, inner, inner_stride);
+        // advance the odometer over the outer dims
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            base += strides[d];
+            if idx[d] < shape[d] {
+                break;
+            }
+            base -= strides[d] * shape[d] as isize;
+            idx[d] = 0;
+        }
+    }
+}
+
+/// An immutable strided view.
+#[derive(Clone, Debug)]
+pub struct TensorRef<'a> {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Strides in elements (not bytes); may be zero or negative.
+    pub strides: Vec<isize>,
+    ptr: *const u8,
+    _life: PhantomData<&'a [u8]>,
+}
+
+// A view is a read-only window; sharing it across threads is as safe as sharing `&[T]`.
+unsafe impl Send for TensorRef<'_> {}
+unsafe impl Sync for TensorRef<'_> {}
+
+impl<'a> TensorRef<'a> {
+    /// # Safety
+    /// `ptr` must point to memory valid for reads, for `'a`, at every offset the shape and
+    /// strides reach, aligned for `dtype`. `ptr` may be null or dangling if the view is empty.
+    pub unsafe fn from_raw(
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Vec<isize>,
+        ptr: *const u8,
+    ) -> Self {
+        debug_assert_eq!(shape.len(), strides.len());
+        TensorRef {
+            dtype,
+            shape,
+            strides,
+            ptr,
+            _life: PhantomData,
+        }
+    }
+
+    /// A contiguous view of a typed slice.
+    pub fn from_slice<T: Element>(data: &'a [T], shape: &[usize]) -> Result<Self> {
+        if numel(shape) != data.len() {
+            return Err(Error::invalid(format!(
+                "shape {shape:?} needs {} elements, got {}",
+                numel(shape),
+                data.len()
+            )));
+        }
+        Ok(TensorRef {
+            dtype: T::DTYPE,
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            ptr: data.as_ptr() as *const u8,
+            _life: PhantomData,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    pub fn is_contiguous(&self) -> bool {
+        is_contiguous(&self.shape, &self.strides)
+    }
+    pub fn ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    pub fn spec(&self) -> crate::TensorSpec {
+        crate::TensorSpec::new(self.dtype, &self.shape)
+    }
+
+    fn check_dtype<T: Element>(&self) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::internal(format!(
+                "kernel read a {} tensor as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        Ok(())
+    }
+
+    /// The data as a slice, when the view is contiguous.
+    pub fn as_slice<T: Element>(&self) -> Result<Option<&'a [T]>> {
+        self.check_dtype::<T>()?;
+        if !self.is_contiguous() {
+            return Ok(None);
+        }
+        let n = self.numel();
+        if n == 0 {
+            return Ok(Some(&[]));
+        }
+        // SAFETY: from_raw's contract; contiguous means n elements from ptr.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts(self.ptr as *const T, n)
+        }))
+    }
+
+    /// The data in row-major order: borrowed when contiguous, else copied once.
+    pub fn contiguous<T: Element>(&self) -> Result<Cow<'a, [T]>> {
+        if let Some(s) = self.as_slice::<T>()? {
+            return Ok(Cow::Borrowed(s));
+        }
+        let mut out = Vec::with_capacity(self.numel());
+        let p = self.ptr as *const T;
+        for_each_row(&self.shape, &self.strides, |base, len, stride| {
+            for i in 0..len as isize {
+                // SAFETY: offsets come from the view's own shape and strides.
+                out.push(unsafe { *p.offset(base + i * stride) });
+            }
+        });
+        Ok(Cow::Owned(out))
+    }
+
+    /// Read one element at a multi-index (slow; for tests and scalars).
+    pub fn get<T: Element>(&self, index: &[usize]) -> Result<T> {
+        self.check_dtype::<T>()?;
+        if index.len() != self.rank() || index.iter().zip(&self.shape).any(|(i, d)| i >= d) {
+            return Err(Error::invalid(format!(
+                "index {index:?} out of bounds for {:?}",
+                self.shape
+            )));
+        }
+        let off: isize = index
+            .iter()
+            .zip(&self.strides)
+            .map(|(&i, &s)| i as isize * s)
+            .sum();
+        // SAFETY: bounds checked above.
+        Ok(unsafe { *(self.ptr as *const T).offset(off) })
+    }
+
+    /// The same data read with the given shape and strides (e.g. broadcast strides).
+    pub fn restrided(&self, shape: Vec<usize>, strides: Vec<isize>) -> TensorRef<'a> {
+        TensorRef {
+            dtype: self.dtype,
+            shape,
+            strides,
+            ptr: self.ptr,
+            _life: PhantomData,
+        }
+    }
+}
+
+/// A mutable view. Outputs handed to kernels are always contiguous.
+#[derive(Debug)]
+pub struct TensorMut<'a> {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+    ptr: *mut u8,
+    _life: PhantomData<&'a mut [u8]>,
+}
+
+unsafe impl Send for TensorMut<'_> {}
+
+impl<'a> TensorMut<'a> {
+    /// # Safety
+    /// `ptr` must be valid for reads and writes, exclusively for `'a`, at every offset the
+    /// shape and strides reach, aligned for `dtype`; may be null or dangling if empty.
+    pub unsafe fn from_raw(
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Vec<isize>,
+        ptr: *mut u8,
+    ) -> Self {
+        debug_assert_eq!(shape.len(), strides.len());
+        TensorMut {
+            dtype,
+            shape,
+            strides,
+            ptr,
+            _life: PhantomData,
+        }
+    }
+
+    /// # Safety
+    /// As [`TensorMut::from_raw`], for a dense row-major buffer of `shape`.
+    pub unsafe fn from_raw_contiguous(dtype: DType, shape: &[usize], ptr: *mut u8) -> Self {
+        TensorMut {
+            dtype,
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            ptr,
+            _life: PhantomData,
+        }
+    }
+
+    pub fn from_slice<T: Element>(data: &'a mut [T], shape: &[usize]) -> Result<Self> {
+        if numel(shape) != data.len() {
+            return Err(Error::invalid(format!(
+                "shape {shape:?} needs {} elements, got {}",
+                numel(shape),
+                data.len()
+            )));
+        }
+        Ok(TensorMut {
+            dtype: T::DTYPE,
+            strides: contiguous_strides(shape),
+            shape: shape.to_vec(),
+            ptr: data.as_mut_ptr() as *mut u8,
+            _life: PhantomData,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn is_contiguous(&self) -> bool {
+        is_contiguous(&self.shape, &self.strides)
+    }
+
+    /// The whole buffer as a mutable slice. Errors on a dtype mismatch or a strided output.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::internal(format!(
+                "kernel wrote a {} tensor as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        if !self.is_contiguous() {
+            return Err(Error::internal("kernel outputs must be contiguous"));
+        }
+        let n = self.numel();
+        if n == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: from_raw's contract.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, n) })
+    }
+
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        TensorRef {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            ptr: self.ptr,
+            _life: PhantomData,
+        }
+    }
+}
+
+/// An owned, contiguous tensor with 8-byte-aligned storage. Used by tests, the Python core
+/// and adapters that need scratch space.
+#[derive(Clone, Debug)]
+pub struct OwnedTensor {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    storage: Vec<u64>,
+}
+
+impl OwnedTensor {
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Self {
+        let bytes = numel(shape) * dtype.size();
+        OwnedTensor {
+            dtype,
+            shape: shape.to_vec(),
+            storage: vec![0u64; bytes.div_ceil(8)],
+        }
+    }
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Self> {
+        if numel(shape) != data.len() {
+            return Err(Error::invalid(format!(
+                "shape {shape:?} needs {} elements, got {}",
+                numel(shape),
+                data.len()
+            )));
+        }
+        let mut t = OwnedTensor::zeros(T::DTYPE, shape);
+        t.as_mut_slice::<T>()?.copy_from_slice(&data);
+        Ok(t)
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        let n = self.numel() * self.dtype.size();
+        // SAFETY: storage holds at least n bytes.
+        unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const u8, n) }
+    }
+    pub fn view(&self) -> TensorRef<'_> {
+        // SAFETY: storage is valid, aligned to 8 and sized for shape.
+        unsafe {
+            TensorRef::from_raw(
+                self.dtype,
+                self.shape.clone(),
+                contiguous_strides(&self.shape),
+                self.storage.as_ptr() as *const u8,
+            )
+        }
+    }
+    pub fn view_mut(&mut self) -> TensorMut<'_> {
+        // SAFETY: as in view, and we hold &mut self.
+        unsafe {
+            TensorMut::from_raw_contiguous(
+                self.dtype,
+                &self.shape,
+                self.storage.as_mut_ptr() as *mut u8,
+            )
+        }
+    }
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::internal(format!(
+                "read a {} tensor as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        // SAFETY: dtype checked; storage is aligned to 8 and sized for numel elements.
+        Ok(unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const T, self.numel()) })
+    }
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::internal(format!(
+                "wrote a {} tensor as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        // SAFETY: as in as_slice.
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.storage.as_mut_ptr() as *mut T, self.numel())
+        })
+    }
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.as_slice::<T>()?.to_vec())
+    }
+}
+
+/// A raw pointer that may be shared across the tasks of a `parallel_for`, each task writing a
+/// disjoint range. The kernel is responsible for the disjointness.
+#[derive(Clone, Copy)]
+pub struct SharedMut<T>(NonNull<T>);
+unsafe impl<T: Send> Send for SharedMut<T> {}
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub fn new(slice: &mut [T]) -> Self {
+        SharedMut(NonNull::new(slice.as_mut_ptr()).unwrap_or(NonNull::dangling()))
+    }
+    /// # Safety
+    /// `start..start+len` must be in bounds of the original slice and not accessed by any
+    /// other task at the same time.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr().add(start), len) }
+    }
+}

@@ -1,0 +1,1 @@
+//! polyop Python core: not yet implemented.

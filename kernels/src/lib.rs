@@ -1,0 +1,19 @@
+//! The stock kernel library: SPEC.md section 3, one module per op family.
+
+use kernel_core::{Registry, Result};
+use std::sync::OnceLock;
+
+pub mod elementwise;
+
+/// Every stock op (forward and backward), validated.
+pub fn registry() -> &'static Registry {
+    static REG: OnceLock<Registry> = OnceLock::new();
+    REG.get_or_init(|| build().expect("stock registry is valid"))
+}
+
+fn build() -> Result<Registry> {
+    let mut r = Registry::new();
+    elementwise::register(&mut r)?;
+    r.validate()?;
+    Ok(r)
+}
