@@ -404,7 +404,8 @@ impl OpBuilder {
         self.dtypes = dtypes;
         self
     }
-    /// Tensor argument or named return `name` always has dtype `dtype`.
+    /// Tensor argument or return `name` always has dtype `dtype` (an unnamed single return is
+    /// `out`, unnamed returns of a tuple `out0`, `out1`, ...).
     pub fn fixed(mut self, name: &'static str, dtype: DType) -> Self {
         self.fixed.push((name, dtype));
         self
@@ -465,7 +466,7 @@ impl OpBuilder {
             .collect();
         for (f, _) in &self.fixed {
             let known = schema.tensor_args().any(|a| a.name == *f)
-                || schema.returns.iter().any(|r| r.name.as_deref() == Some(*f));
+                || (0..schema.returns.len()).any(|i| schema.output_name(i) == *f);
             if !known {
                 return Err(
                     Error::invalid(format!("fixed dtype for unknown tensor `{f}`")).in_op(leaked),
