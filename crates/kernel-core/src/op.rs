@@ -459,10 +459,9 @@ impl OpBuilder {
         };
         let input_types: Vec<TypeRule> =
             schema.tensor_args().map(|a| rule(Some(&a.name))).collect();
-        let output_types: Vec<TypeRule> = schema
-            .returns
-            .iter()
-            .map(|r| rule(r.name.as_deref()))
+        // Unnamed returns are addressed as `out` (single) or `out{i}`, like Schema::output_name.
+        let output_types: Vec<TypeRule> = (0..schema.returns.len())
+            .map(|i| rule(Some(&schema.output_name(i))))
             .collect();
         for (f, _) in &self.fixed {
             let known = schema.tensor_args().any(|a| a.name == *f)
