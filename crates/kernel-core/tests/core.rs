@@ -152,7 +152,7 @@ fn twice_cpu(ctx: &mut KernelCtx) -> Result<()> {
     }
     Ok(())
 }
-fn positives_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+fn positives_infer(_ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     Ok(vec![Some(vec![None])])
 }
 fn positives_cpu(ctx: &mut KernelCtx) -> Result<()> {
