@@ -1,51 +1,464 @@
-//! Unary and binary elementwise ops.
+//! Unary and binary elementwise ops: negate, add, scale, relu, relu_, add_relu, gelu, and their
+//! backward ops.
+//!
+//! Every kernel goes through [`zip_map`]: inputs are read through their strides (broadcast dims
+//! have stride 0), dims that are contiguous in every operand are merged so a same-shape
+//! contiguous add is one flat loop, work is split into fixed chunks of [`GRAIN`] elements, and
+//! half types are converted a block at a time to f32 (computed there, rounded once).
+//! Integer negate/add wrap on overflow.
 
+use crate::common::{
+    broadcast_dims, dims_compatible, fmt_dims, in_ptr, out_ptr, with_float, with_numeric, zip_map,
+    InPtr, Num, Real, Scalar, GRAIN,
+};
 use kernel_core::{
-    dispatch_numeric, parallel_for, BwdInput, DType, Element, Error, InferCtx, KernelCtx, OpDef,
-    Registry, Result, ShapeOut, SharedMut,
+    numel, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx, OpDef, OwnedTensor, Registry,
+    Result, ShapeOut, TensorMut, TensorRef, ThreadPool,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
         OpDef::builder("negate(Tensor x) -> Tensor")
-            .doc("-x")
+            .doc("-x (integers wrap on overflow)")
             .dtypes(DType::NUMERIC)
             .infer(same_shape)
             .cpu(negate_cpu)
             .backward("negate", &[BwdInput::Grad(0)], &[0])
             .build()?,
     )?;
+    r.register(
+        OpDef::builder("add(Tensor x, Tensor y) -> Tensor")
+            .doc("x + y with NumPy broadcasting (integers wrap on overflow)")
+            .dtypes(DType::NUMERIC)
+            .infer(broadcast_infer)
+            .cpu(add_cpu)
+            .backward(
+                "add_backward",
+                &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
+                &[0, 1],
+            )
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder(
+            "add_backward(Tensor grad, Tensor x, Tensor y) -> (Tensor grad_x, Tensor grad_y)",
+        )
+        .doc("gradients of add: grad summed over the broadcast dims of x and of y")
+        .dtypes(DType::NUMERIC)
+        .infer(add_backward_infer)
+        .cpu(add_backward_cpu)
+        .backward_only()
+        .build()?,
+    )?;
+    r.register(
+        OpDef::builder("scale(Tensor x, float alpha) -> Tensor")
+            .doc("x * alpha (alpha rounded to the compute type: f32 for half types and f32)")
+            .dtypes(DType::FLOAT)
+            .infer(same_shape)
+            .cpu(scale_cpu)
+            .backward("scale", &[BwdInput::Grad(0)], &[0])
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder("relu(Tensor x) -> Tensor")
+            .doc("max(x, 0); NaN stays NaN")
+            .dtypes(DType::NUMERIC)
+            .infer(same_shape)
+            .cpu(relu_cpu)
+            .backward(
+                "relu_backward",
+                &[BwdInput::Grad(0), BwdInput::Input(0)],
+                &[0],
+            )
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder("relu_backward(Tensor grad, Tensor x) -> Tensor")
+            .doc("grad where x > 0, else 0 (NaN x gives 0)")
+            .dtypes(DType::NUMERIC)
+            .infer(relu_backward_infer)
+            .cpu(relu_backward_cpu)
+            .backward_only()
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder("relu_(Tensor(a!) x) -> Tensor(a!)")
+            .doc("in-place relu (torch surface; elsewhere use relu)")
+            .dtypes(DType::NUMERIC)
+            .infer(same_shape)
+            .cpu(relu_cpu)
+            .inplace()
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder("add_relu(Tensor x, Tensor y) -> Tensor")
+            .doc("fused max(x + y, 0) with NumPy broadcasting")
+            .dtypes(DType::NUMERIC)
+            .infer(broadcast_infer)
+            .cpu(add_relu_cpu)
+            .backward(
+                "add_relu_backward",
+                &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
+                &[0, 1],
+            )
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder(
+            "add_relu_backward(Tensor grad, Tensor x, Tensor y) -> (Tensor grad_x, Tensor grad_y)",
+        )
+        .doc("gradients of add_relu: grad where x + y > 0, summed over broadcast dims")
+        .dtypes(DType::NUMERIC)
+        .infer(add_backward_infer)
+        .cpu(add_relu_backward_cpu)
+        .backward_only()
+        .build()?,
+    )?;
+    r.register(
+        OpDef::builder("gelu(Tensor x, str approximate=\"none\") -> Tensor")
+            .doc("\"none\": 0.5x(1+erf(x/sqrt 2)); \"tanh\": 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))")
+            .dtypes(DType::FLOAT)
+            .infer(gelu_infer)
+            .cpu(gelu_cpu)
+            .backward(
+                "gelu_backward",
+                &[BwdInput::Grad(0), BwdInput::Input(0)],
+                &[0],
+            )
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder("gelu_backward(Tensor grad, Tensor x, str approximate=\"none\") -> Tensor")
+            .doc("grad * gelu'(x)")
+            .dtypes(DType::FLOAT)
+            .infer(gelu_backward_infer)
+            .cpu(gelu_backward_cpu)
+            .backward_only()
+            .build()?,
+    )?;
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// shape functions
 
 /// Output 0 has the shape of input 0.
 pub fn same_shape(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     Ok(vec![ctx.input(0).shape.clone()])
 }
 
-/// Elements per parallel chunk for cheap elementwise work.
-const GRAIN: usize = 1 << 15;
+fn broadcast_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    Ok(vec![broadcast_dims(ctx.dims(0), ctx.dims(1))?])
+}
 
-/// Apply `f` elementwise from input 0 into output 0, in parallel over fixed chunks.
-pub fn unary_map<T: Element>(ctx: &mut KernelCtx, f: impl Fn(T) -> T + Sync) -> Result<()> {
-    let x = ctx.input(0).contiguous::<T>()?;
-    let out = ctx.outputs[0].as_mut_slice::<T>()?;
-    if out.len() != x.len() {
-        return Err(Error::internal("output size mismatch"));
+fn add_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    let b = broadcast_dims(ctx.dims(1), ctx.dims(2))?;
+    if !dims_compatible(b.as_deref(), ctx.dims(0)) {
+        return Err(Error::invalid(format!(
+            "grad has shape {} but x and y broadcast to {}",
+            fmt_dims(ctx.dims(0).unwrap_or_default()),
+            fmt_dims(b.as_deref().unwrap_or_default())
+        )));
     }
-    let dst = SharedMut::new(out);
-    parallel_for(ctx.pool, x.len(), GRAIN, |r| {
-        // SAFETY: parallel_for ranges are disjoint and within bounds.
-        let o = unsafe { dst.slice(r.start, r.len()) };
-        for (o, &v) in o.iter_mut().zip(&x[r]) {
-            *o = f(v);
+    Ok(vec![ctx.input(1).shape.clone(), ctx.input(2).shape.clone()])
+}
+
+/// `grad` must have the shape of `x` (input 1); the output has x's shape.
+fn same_as_x_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    if !dims_compatible(ctx.dims(1), ctx.dims(0)) {
+        return Err(Error::invalid(format!(
+            "grad has shape {} but x has shape {}",
+            fmt_dims(ctx.dims(0).unwrap_or_default()),
+            fmt_dims(ctx.dims(1).unwrap_or_default())
+        )));
+    }
+    Ok(vec![ctx.input(1).shape.clone()])
+}
+
+fn relu_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    same_as_x_infer(ctx)
+}
+
+/// Whether gelu's `approximate` is the tanh form; anything but "none"/"tanh" is an error.
+fn gelu_mode(ctx_attrs: &kernel_core::Attrs) -> Result<bool> {
+    match ctx_attrs.str("approximate")? {
+        "none" => Ok(false),
+        "tanh" => Ok(true),
+        other => Err(Error::invalid(format!(
+            "approximate must be \"none\" or \"tanh\", got \"{other}\""
+        ))),
+    }
+}
+
+fn gelu_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    gelu_mode(ctx.attrs)?;
+    same_shape(ctx)
+}
+
+fn gelu_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    gelu_mode(ctx.attrs)?;
+    same_as_x_infer(ctx)
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+
+/// Required input `i` (the op's arity was validated before the kernel runs).
+pub(crate) fn req<'a, 'b>(
+    inputs: &'b [Option<TensorRef<'a>>],
+    i: usize,
+) -> Result<&'b TensorRef<'a>> {
+    inputs
+        .get(i)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| Error::internal(format!("missing input {i}")))
+}
+
+/// Apply `f` elementwise from input 0 into output 0 (kept for external callers of the old
+/// helper; every stock kernel uses [`zip_map`]).
+pub fn unary_map<T: Scalar>(ctx: &mut KernelCtx, f: impl Fn(T::C) -> T::C + Sync) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    zip_map::<T, 1>(pool, [req(inputs, 0)?], &mut ctx.outputs[0], |[a]| f(a))
+}
+
+fn negate_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => unary_map::<T>(ctx, |v| v.neg()))
+}
+
+#[inline(always)]
+fn relu_c<C: Num>(v: C) -> C {
+    // NaN < 0 is false, so NaN stays NaN.
+    if v < C::ZERO {
+        C::ZERO
+    } else {
+        v
+    }
+}
+
+fn relu_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => unary_map::<T>(ctx, relu_c))
+}
+
+fn binary<T: Scalar>(ctx: &mut KernelCtx, f: impl Fn(T::C, T::C) -> T::C + Sync) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    zip_map::<T, 2>(
+        pool,
+        [req(inputs, 0)?, req(inputs, 1)?],
+        &mut ctx.outputs[0],
+        |[a, b]| f(a, b),
+    )
+}
+
+fn add_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => binary::<T>(ctx, |a, b| a.add(b)))
+}
+
+fn add_relu_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => binary::<T>(ctx, |a, b| relu_c(a.add(b))))
+}
+
+fn scale_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let alpha = T::C::from_f64(ctx.attrs.float("alpha")?);
+    unary_map::<T>(ctx, move |v| v * alpha)
+}
+
+fn scale_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => scale_k::<T>(ctx))
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
+const GELU_C: f64 = 0.044715;
+/// 1/sqrt(2 pi)
+const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+#[inline(always)]
+fn gelu_c<C: Real>(x: C, tanh: bool) -> C {
+    let half = C::from_f64(0.5);
+    if tanh {
+        let u = C::from_f64(SQRT_2_OVER_PI) * (x + C::from_f64(GELU_C) * x * x * x);
+        half * x * (C::ONE + u.tanh())
+    } else {
+        half * x * (C::ONE + (x * C::from_f64(FRAC_1_SQRT_2)).erf())
+    }
+}
+
+#[inline(always)]
+fn gelu_grad_c<C: Real>(x: C, tanh: bool) -> C {
+    let half = C::from_f64(0.5);
+    if tanh {
+        let k = C::from_f64(SQRT_2_OVER_PI);
+        let c = C::from_f64(GELU_C);
+        let x2 = x * x;
+        let t = (k * (x + c * x2 * x)).tanh();
+        half * (C::ONE + t) + half * x * (C::ONE - t * t) * k * (C::ONE + C::from_f64(3.0) * c * x2)
+    } else {
+        let cdf = half * (C::ONE + (x * C::from_f64(FRAC_1_SQRT_2)).erf());
+        let pdf = C::from_f64(FRAC_1_SQRT_2PI) * (-half * x * x).exp();
+        cdf + x * pdf
+    }
+}
+
+fn gelu_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let tanh = gelu_mode(ctx.attrs)?;
+    if tanh {
+        unary_map::<T>(ctx, |v| gelu_c(v, true))
+    } else {
+        unary_map::<T>(ctx, |v| gelu_c(v, false))
+    }
+}
+
+fn gelu_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => gelu_k::<T>(ctx))
+}
+
+fn gelu_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let tanh = gelu_mode(ctx.attrs)?;
+    if tanh {
+        binary::<T>(ctx, |g, x| g * gelu_grad_c(x, true))
+    } else {
+        binary::<T>(ctx, |g, x| g * gelu_grad_c(x, false))
+    }
+}
+
+fn gelu_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => gelu_backward_k::<T>(ctx))
+}
+
+fn relu_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    // x > 0 is false for NaN, so a NaN input passes no gradient.
+    with_numeric!(ctx.input(0).dtype, T => binary::<T>(ctx, relu_grad_c))
+}
+
+#[inline(always)]
+fn relu_grad_c<C: Num>(g: C, x: C) -> C {
+    if x > C::ZERO {
+        g
+    } else {
+        C::ZERO
+    }
+}
+
+/// Sum `g` (shape S) into `out`, whose shape broadcasts to S (NumPy rules): every output
+/// element is the sum, in row-major order and in the compute type, of the elements of `g` that
+/// broadcasting maps to it. Parallel over output elements; each sum is done by one task.
+pub(crate) fn reduce_into<T: Scalar>(
+    pool: &dyn ThreadPool,
+    g: &TensorRef,
+    out: &mut TensorMut,
+) -> Result<()> {
+    let gr = g.rank();
+    let os = out.shape.clone();
+    if os.len() > gr {
+        return Err(Error::internal(
+            "reduce target has higher rank than the gradient",
+        ));
+    }
+    let off = gr - os.len();
+    // kept dims: the output's (stride 0 where the output dim is a broadcast 1)
+    let mut kept_strides = Vec::with_capacity(os.len());
+    let mut red_shape = Vec::new();
+    let mut red_strides = Vec::new();
+    for d in 0..gr {
+        let reduced = d < off || (os[d - off] == 1 && g.shape[d] != 1);
+        if reduced {
+            red_shape.push(g.shape[d]);
+            red_strides.push(g.strides[d]);
+        }
+        if d >= off {
+            kept_strides.push(if reduced { 0 } else { g.strides[d] });
+        }
+    }
+    if red_shape.is_empty() {
+        // same element count: a strided copy
+        let view = g.restrided(os.clone(), kept_strides);
+        return zip_map::<T, 1>(pool, [&view], out, |[a]| a);
+    }
+    let p: InPtr<T> = in_ptr::<T>(g)?;
+    let op = out_ptr::<T>(out)?;
+    let n_out = numel(&os);
+    let n_red = numel(&red_shape);
+    let kept = crate::common::Lanes::new(
+        &[os.as_slice(), &[1]].concat(),
+        &[kept_strides.as_slice(), &[0]].concat(),
+        os.len(),
+    );
+    // offsets of the reduced sub-space, in row-major order (precomputed when small)
+    let red_offsets: Option<Vec<isize>> = (n_red <= 1 << 16).then(|| {
+        let mut v = Vec::with_capacity(n_red);
+        kernel_core::for_each_row(&red_shape, &red_strides, |base, len, st| {
+            v.extend((0..len as isize).map(|j| base + j * st));
+        });
+        v
+    });
+    let grain = (GRAIN / n_red.max(1)).max(1);
+    parallel_for(pool, n_out, grain, |range| {
+        for o in range {
+            let base = kept.base(o);
+            let mut acc = T::C::ZERO;
+            match &red_offsets {
+                Some(offs) => {
+                    for &r in offs {
+                        // SAFETY: offsets from g's own shape and strides.
+                        acc = acc.add(unsafe { p.get(base + r) }.to_c());
+                    }
+                }
+                None => kernel_core::for_each_row(&red_shape, &red_strides, |rb, len, st| {
+                    for j in 0..len as isize {
+                        // SAFETY: as above.
+                        acc = acc.add(unsafe { p.get(base + rb + j * st) }.to_c());
+                    }
+                }),
+            }
+            // SAFETY: each output element is written by exactly one task.
+            unsafe { op.write(o as isize, T::from_c(acc)) };
         }
     });
     Ok(())
 }
 
-fn negate_cpu(ctx: &mut KernelCtx) -> Result<()> {
-    dispatch_numeric!(ctx.input(0).dtype,
-        T => unary_map::<T>(ctx, |v| -v),
-        _ => Err(Error::internal("dtype")))
+fn add_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let g = req(inputs, 0)?;
+    let (gx, gy) = ctx.outputs.split_at_mut(1);
+    reduce_into::<T>(pool, g, &mut gx[0])?;
+    reduce_into::<T>(pool, g, &mut gy[0])
+}
+
+fn add_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => add_backward_k::<T>(ctx))
+}
+
+fn add_relu_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let (g, x, y) = (req(inputs, 0)?, req(inputs, 1)?, req(inputs, 2)?);
+    // masked gradient, in grad's (the broadcast) shape
+    let mut masked = OwnedTensor::zeros(T::DTYPE, &g.shape);
+    {
+        let mut mv = masked.view_mut();
+        zip_map::<T, 3>(pool, [g, x, y], &mut mv, |[g, x, y]| {
+            if x.add(y) > T::C::ZERO {
+                g
+            } else {
+                T::C::ZERO
+            }
+        })?;
+    }
+    let mv = masked.view();
+    let (gx, gy) = ctx.outputs.split_at_mut(1);
+    reduce_into::<T>(pool, &mv, &mut gx[0])?;
+    reduce_into::<T>(pool, &mv, &mut gy[0])
+}
+
+fn add_relu_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => add_relu_backward_k::<T>(ctx))
 }

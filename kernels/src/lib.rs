@@ -3,6 +3,8 @@
 use kernel_core::{Registry, Result};
 use std::sync::OnceLock;
 
+#[allow(dead_code)] // shared helpers; some are used only by later op families
+pub(crate) mod common;
 pub mod elementwise;
 
 /// Every stock op (forward and backward), validated.

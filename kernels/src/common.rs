@@ -1,0 +1,570 @@
+//! Machinery shared by the kernel families: compute types, block loads/stores with half-type
+//! slice conversion, a strided/broadcast N-ary elementwise driver, lanes along an axis, and
+//! shape helpers that understand unknown dims.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use kernel_core::{
+    broadcast_strides, numel, parallel_for, Dim, Element, Error, Result, ShapeOut, TensorMut,
+    TensorRef, ThreadPool,
+};
+use std::ops::Range;
+
+/// Elements per parallel chunk for cheap elementwise work.
+pub const GRAIN: usize = 1 << 15;
+/// Elements per block of the elementwise driver (fits L1 for a few inputs).
+const BLOCK: usize = 256;
+
+/// Arithmetic on compute types. Integer `add`/`sub`/`mul`/`neg` wrap on overflow.
+pub trait Num: Copy + Default + Send + Sync + PartialOrd + std::fmt::Debug + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn neg(self) -> Self;
+    fn is_nan(self) -> bool;
+}
+
+macro_rules! num_float {
+    ($t:ty) => {
+        impl Num for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                -self
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                self != self
+            }
+        }
+    };
+}
+macro_rules! num_int {
+    ($t:ty) => {
+        impl Num for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                self.wrapping_neg()
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                false
+            }
+        }
+    };
+}
+num_float!(f32);
+num_float!(f64);
+num_int!(i32);
+num_int!(i64);
+
+/// Float compute types (f32, f64): transcendental functions and constants.
+pub trait Real: Num + num_traits::Float {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn erf(self) -> Self;
+}
+impl Real for f32 {
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn erf(self) -> Self {
+        libm::erff(self)
+    }
+}
+impl Real for f64 {
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn erf(self) -> Self {
+        libm::erf(self)
+    }
+}
+
+/// A storage element with a compute type `C` (f32 for f16/bf16, itself otherwise), and block
+/// conversions between the two.
+pub trait Scalar: Element {
+    type C: Num;
+    fn to_c(self) -> Self::C;
+    fn from_c(v: Self::C) -> Self;
+    /// `dst[i] = src[i].to_c()` (equal lengths).
+    fn load(src: &[Self], dst: &mut [Self::C]);
+    /// `dst[i] = from_c(src[i])` (equal lengths).
+    fn store(src: &[Self::C], dst: &mut [Self]);
+}
+
+macro_rules! scalar_ident {
+    ($t:ty) => {
+        impl Scalar for $t {
+            type C = $t;
+            #[inline(always)]
+            fn to_c(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn from_c(v: $t) -> Self {
+                v
+            }
+            #[inline(always)]
+            fn load(src: &[Self], dst: &mut [$t]) {
+                dst.copy_from_slice(src)
+            }
+            #[inline(always)]
+            fn store(src: &[$t], dst: &mut [Self]) {
+                dst.copy_from_slice(src)
+            }
+        }
+    };
+}
+scalar_ident!(f32);
+scalar_ident!(f64);
+scalar_ident!(i32);
+scalar_ident!(i64);
+
+macro_rules! scalar_half {
+    ($t:ty) => {
+        impl Scalar for $t {
+            type C = f32;
+            #[inline(always)]
+            fn to_c(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline(always)]
+            fn from_c(v: f32) -> Self {
+                <$t>::from_f32(v)
+            }
+            #[inline(always)]
+            fn load(src: &[Self], dst: &mut [f32]) {
+                src.convert_to_f32_slice(dst)
+            }
+            #[inline(always)]
+            fn store(src: &[f32], dst: &mut [Self]) {
+                dst.convert_from_f32_slice(src)
+            }
+        }
+    };
+}
+scalar_half!(f16);
+scalar_half!(bf16);
+
+/// Run `$body` with `$T` bound to the storage type of a float dtype; other dtypes are an
+/// internal error (the op's dtype rules already rejected them).
+macro_rules! with_float {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        kernel_core::dispatch_float!($dtype, $T => $body,
+            _ => Err(kernel_core::Error::internal(format!("unexpected dtype {}", $dtype))))
+    };
+}
+/// Like [`with_float!`] over the numeric dtypes.
+macro_rules! with_numeric {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        kernel_core::dispatch_numeric!($dtype, $T => $body,
+            _ => Err(kernel_core::Error::internal(format!("unexpected dtype {}", $dtype))))
+    };
+}
+pub(crate) use with_float;
+pub(crate) use with_numeric;
+
+/// A raw output pointer shared by the tasks of one `parallel_for`; each task writes a disjoint
+/// set of elements.
+#[derive(Clone, Copy)]
+pub struct OutPtr<T>(pub *mut T);
+unsafe impl<T> Send for OutPtr<T> {}
+unsafe impl<T> Sync for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
+    /// # Safety
+    /// In bounds and not written by any other task concurrently.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        if len == 0 {
+            return &mut [];
+        }
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+    #[inline(always)]
+    pub unsafe fn write(&self, off: isize, v: T) {
+        unsafe { self.0.offset(off).write(v) }
+    }
+}
+
+/// A raw input pointer (read-only), shareable across tasks.
+#[derive(Clone, Copy)]
+pub struct InPtr<T>(pub *const T);
+unsafe impl<T> Send for InPtr<T> {}
+unsafe impl<T> Sync for InPtr<T> {}
+
+impl<T: Copy> InPtr<T> {
+    #[inline(always)]
+    pub unsafe fn get(&self, off: isize) -> T {
+        unsafe { *self.0.offset(off) }
+    }
+}
+
+/// Typed read pointer of an input view (checks the dtype).
+pub fn in_ptr<T: Element>(t: &TensorRef) -> Result<InPtr<T>> {
+    if t.dtype != T::DTYPE {
+        return Err(Error::internal(format!(
+            "kernel read a {} tensor as {}",
+            t.dtype,
+            T::DTYPE
+        )));
+    }
+    Ok(InPtr(t.ptr() as *const T))
+}
+
+/// Typed write pointer of a (contiguous) output.
+pub fn out_ptr<T: Element>(t: &mut TensorMut) -> Result<OutPtr<T>> {
+    let s = t.as_mut_slice::<T>()?;
+    Ok(OutPtr(s.as_mut_ptr()))
+}
+
+/// Load `dst.len()` elements starting at `p + off`, `stride` apart, into compute type.
+#[inline(always)]
+pub unsafe fn load_strided<T: Scalar>(p: InPtr<T>, off: isize, stride: isize, dst: &mut [T::C]) {
+    let n = dst.len();
+    if n == 0 {
+        return;
+    }
+    unsafe {
+        if stride == 1 {
+            T::load(std::slice::from_raw_parts(p.0.offset(off), n), dst);
+        } else if stride == 0 {
+            let v = p.get(off).to_c();
+            dst.fill(v);
+        } else {
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = p.get(off + j as isize * stride).to_c();
+            }
+        }
+    }
+}
+
+/// Store `src` to `p + off`, `stride` apart.
+#[inline(always)]
+pub unsafe fn store_strided<T: Scalar>(p: OutPtr<T>, off: isize, stride: isize, src: &[T::C]) {
+    let n = src.len();
+    if n == 0 {
+        return;
+    }
+    unsafe {
+        if stride == 1 {
+            T::store(src, std::slice::from_raw_parts_mut(p.0.offset(off), n));
+        } else {
+            for (j, &v) in src.iter().enumerate() {
+                p.write(off + j as isize * stride, T::from_c(v));
+            }
+        }
+    }
+}
+
+/// Dims of a set of strided operands after dropping size-1 dims and merging dims that are
+/// contiguous with each other in every operand. Never empty (a scalar becomes `[1]`).
+fn coalesce<const N: usize>(
+    shape: &[usize],
+    strides: &[[isize; N]],
+) -> (Vec<usize>, Vec<[isize; N]>) {
+    let mut dims: Vec<usize> = Vec::new();
+    let mut sts: Vec<[isize; N]> = Vec::new();
+    for (&d, s) in shape.iter().zip(strides) {
+        if d == 1 {
+            continue;
+        }
+        if let (Some(&pd), Some(ps)) = (dims.last(), sts.last()) {
+            if (0..N).all(|k| ps[k] == s[k] * d as isize) {
+                *dims.last_mut().expect("nonempty") = pd * d;
+                *sts.last_mut().expect("nonempty") = *s;
+                continue;
+            }
+        }
+        dims.push(d);
+        sts.push(*s);
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        sts.push([0; N]);
+    }
+    (dims, sts)
+}
+
+/// Walk the flat row-major index range `range` of a (coalesced) iteration space, one
+/// contiguous-in-output segment at a time: `f(offsets_per_operand, flat_start, len, inner_strides)`.
+fn walk<const N: usize>(
+    dims: &[usize],
+    strides: &[[isize; N]],
+    range: Range<usize>,
+    mut f: impl FnMut([isize; N], usize, usize),
+) {
+    let rank = dims.len();
+    let inner = dims[rank - 1];
+    let s_in = strides[rank - 1];
+    let mut i = range.start;
+    let row = i / inner;
+    let mut col = i % inner;
+    // unravel the row over the outer dims
+    let mut idx = vec![0usize; rank - 1];
+    let mut base = [0isize; N];
+    {
+        let mut r = row;
+        for d in (0..rank - 1).rev() {
+            idx[d] = r % dims[d];
+            r /= dims[d];
+            for k in 0..N {
+                base[k] += idx[d] as isize * strides[d][k];
+            }
+        }
+    }
+    while i < range.end {
+        let len = (inner - col).min(range.end - i);
+        let offs: [isize; N] = std::array::from_fn(|k| base[k] + col as isize * s_in[k]);
+        f(offs, i, len);
+        i += len;
+        col = 0;
+        if i >= range.end {
+            break;
+        }
+        // advance the odometer over the outer dims
+        let mut d = rank - 1;
+        while d > 0 {
+            d -= 1;
+            idx[d] += 1;
+            for k in 0..N {
+                base[k] += strides[d][k];
+            }
+            if idx[d] < dims[d] {
+                break;
+            }
+            for k in 0..N {
+                base[k] -= strides[d][k] * dims[d] as isize;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// `out[i] = f([in_0[i], .., in_{N-1}[i]])` over `out_shape`, with each input broadcast to
+/// `out_shape` (NumPy rules; the caller checked compatibility) and read through its strides.
+/// The output is contiguous and may alias an input that has the output's exact layout (in-place
+/// ops): every block is read before it is written. Parallel over fixed chunks.
+pub fn zip_map<T: Scalar, const N: usize>(
+    pool: &dyn ThreadPool,
+    inputs: [&TensorRef; N],
+    out: &mut TensorMut,
+    f: impl Fn([T::C; N]) -> T::C + Sync,
+) -> Result<()> {
+    let out_shape = out.shape.clone();
+    let n = numel(&out_shape);
+    let op = out_ptr::<T>(out)?;
+    let mut ptrs = Vec::with_capacity(N);
+    for t in inputs {
+        ptrs.push(in_ptr::<T>(t)?);
+        let off = out_shape.len().checked_sub(t.rank());
+        let fits = off.is_some_and(|off| {
+            t.shape
+                .iter()
+                .zip(&out_shape[off..])
+                .all(|(&d, &o)| d == o || d == 1)
+        });
+        if !fits {
+            return Err(Error::internal(format!(
+                "input shape {:?} does not broadcast to output shape {:?}",
+                t.shape, out_shape
+            )));
+        }
+    }
+    let ptrs: [InPtr<T>; N] = std::array::from_fn(|k| ptrs[k]);
+    if n == 0 {
+        return Ok(());
+    }
+    let bs: Vec<Vec<isize>> = inputs
+        .iter()
+        .map(|t| broadcast_strides(&t.shape, &t.strides, &out_shape))
+        .collect();
+    let per_dim: Vec<[isize; N]> = (0..out_shape.len())
+        .map(|d| std::array::from_fn(|k| bs[k][d]))
+        .collect();
+    let (dims, strides) = coalesce(&out_shape, &per_dim);
+    let s_in = strides[strides.len() - 1];
+    parallel_for(pool, n, GRAIN, |range| {
+        let mut bufs = [[T::C::default(); BLOCK]; N];
+        let mut obuf = [T::C::default(); BLOCK];
+        walk(&dims, &strides, range, |offs, start, len| {
+            let mut b = 0;
+            while b < len {
+                let bl = BLOCK.min(len - b);
+                for k in 0..N {
+                    // SAFETY: offsets derive from the input's own shape/strides.
+                    unsafe {
+                        load_strided(
+                            ptrs[k],
+                            offs[k] + b as isize * s_in[k],
+                            s_in[k],
+                            &mut bufs[k][..bl],
+                        )
+                    };
+                }
+                for (j, o) in obuf[..bl].iter_mut().enumerate() {
+                    *o = f(std::array::from_fn(|k| bufs[k][j]));
+                }
+                // SAFETY: this task owns output range [start, start+len).
+                T::store(&obuf[..bl], unsafe { op.slice(start + b, bl) });
+                b += bl;
+            }
+        });
+    });
+    Ok(())
+}
+
+/// Broadcast two shapes with possibly unknown dims (NumPy rules). Known dims that clash are an
+/// error; an unknown dim against 1 is unknown, against a known `d != 1` is `d`.
+pub fn broadcast_dims(a: Option<&[Dim]>, b: Option<&[Dim]>) -> Result<ShapeOut> {
+    let (Some(a), Some(b)) = (a, b) else {
+        return Ok(None);
+    };
+    let rank = a.len().max(b.len());
+    let get = |s: &[Dim], i: usize| {
+        if i + s.len() >= rank {
+            s[i + s.len() - rank]
+        } else {
+            Some(1)
+        }
+    };
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (da, db) = (get(a, i), get(b, i));
+        out.push(match (da, db) {
+            (Some(x), Some(y)) if x == y => Some(x),
+            (Some(1), d) | (d, Some(1)) => d,
+            (Some(x), Some(y)) => {
+                return Err(Error::invalid(format!(
+                    "shapes {} and {} cannot be broadcast together (dim {x} vs {y})",
+                    fmt_dims(a),
+                    fmt_dims(b)
+                )))
+            }
+            (Some(x), None) | (None, Some(x)) => Some(x),
+            (None, None) => None,
+        });
+    }
+    Ok(Some(out))
+}
+
+/// `[2, ?, 4]`.
+pub fn fmt_dims(d: &[Dim]) -> String {
+    let parts: Vec<String> = d
+        .iter()
+        .map(|d| d.map_or("?".to_string(), |v| v.to_string()))
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// Check that `got` can be `want` (unknown dims match anything).
+pub fn dims_compatible(want: Option<&[Dim]>, got: Option<&[Dim]>) -> bool {
+    match (want, got) {
+        (Some(w), Some(g)) => {
+            w.len() == g.len()
+                && w.iter()
+                    .zip(g)
+                    .all(|(a, b)| a.is_none() || b.is_none() || a == b)
+        }
+        _ => true,
+    }
+}
+
+/// The lanes of a tensor along `axis`: every 1-D line through the tensor in that direction, in
+/// row-major order of the other dims. A rank-0 tensor has one lane of length 1.
+pub struct Lanes {
+    pub count: usize,
+    pub n: usize,
+    pub stride: isize,
+    outer_shape: Vec<usize>,
+    outer_strides: Vec<isize>,
+}
+
+impl Lanes {
+    pub fn new(shape: &[usize], strides: &[isize], axis: usize) -> Lanes {
+        if shape.is_empty() {
+            return Lanes {
+                count: 1,
+                n: 1,
+                stride: 1,
+                outer_shape: vec![],
+                outer_strides: vec![],
+            };
+        }
+        let mut outer_shape = shape.to_vec();
+        let mut outer_strides = strides.to_vec();
+        let n = outer_shape.remove(axis);
+        let stride = outer_strides.remove(axis);
+        Lanes {
+            count: numel(&outer_shape),
+            n,
+            stride,
+            outer_shape,
+            outer_strides,
+        }
+    }
+    /// Element offset of the first element of lane `lane`.
+    pub fn base(&self, lane: usize) -> isize {
+        let mut r = lane;
+        let mut off = 0isize;
+        for d in (0..self.outer_shape.len()).rev() {
+            let i = r % self.outer_shape[d];
+            r /= self.outer_shape[d];
+            off += i as isize * self.outer_strides[d];
+        }
+        off
+    }
+}
+
+/// Lanes of a contiguous tensor of `shape` along `axis` (for outputs).
+pub fn contiguous_lanes(shape: &[usize], axis: usize) -> Lanes {
+    Lanes::new(shape, &kernel_core::contiguous_strides(shape), axis)
+}
+
+/// Grain (in lanes) so a task gets about [`GRAIN`] elements.
+pub fn lane_grain(n: usize) -> usize {
+    (GRAIN / n.max(1)).max(1)
+}
