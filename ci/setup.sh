@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Idempotent set-up from a fresh clone: Python venv with the pinned frameworks, the four
+# framework libraries (cargo build --release) and the `polyop` Python package (maturin).
+# Needs: python3.11, cargo, a C/C++ compiler; network to PyPI and crates.io on first run.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. Python 3.11 virtual environment.
+if [ ! -x .venv/bin/python ]; then
+    PY=${PYTHON:-}
+    if [ -z "$PY" ]; then
+        for c in python3.11 python3; do
+            if command -v "$c" >/dev/null 2>&1 &&
+                "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+                PY=$c
+                break
+            fi
+        done
+    fi
+    [ -n "$PY" ] || { log "python3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1; }
+    log "creating .venv with $PY"
+    "$PY" -m venv .venv
+fi
+VPY=$ROOT/.venv/bin/python
+
+# 2. Pinned Python packages (ci/requirements.lock is the single pin file). Skipped when the
+#    lock file has not changed since the last successful install.
+STAMP=.venv/.polyop-requirements.sha256
+WANT=$(sha256sum ci/requirements.lock | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
+    log "installing ci/requirements.lock into .venv (first run: several GB, a few minutes)"
+    "$VPY" -m pip install --disable-pip-version-check -q -r ci/requirements.lock
+    echo "$WANT" >"$STAMP"
+else
+    log "Python requirements up to date"
+fi
+
+# 3. Rust: the kernel library and the four framework libraries (target/release/libpolyop_*.so).
+#    The Python extension is built by maturin below (with its own PyO3 settings), so it is
+#    left out here to avoid building it twice.
+export PYO3_PYTHON="$VPY"
+log "cargo build --release (workspace)"
+cargo build --release --workspace --exclude polyop-py
+
+# 4. The Python package (editable: python/polyop + the compiled polyop._core).
+log "maturin develop --release"
+if ! out=$(VIRTUAL_ENV="$ROOT/.venv" PATH="$ROOT/.venv/bin:$PATH" maturin develop --release 2>&1); then
+    printf '%s\n' "$out" >&2
+    log "maturin develop failed"
+    exit 1
+fi
+"$VPY" -c 'import polyop; print(f"[setup] polyop {polyop.__version__}: {len(polyop.ops())} ops")' >&2

@@ -1,0 +1,31 @@
+"""polyop: kernels written once in Rust, run as native ops in PyTorch, TensorFlow,
+ONNX Runtime and JAX.
+
+The core (this module) works on NumPy arrays and needs no framework:
+
+- ``polyop.ops()`` / ``polyop.op_info(name)``: op metadata (schema, inputs, outputs,
+  attributes, dtypes, flags, backward wiring, CamelCase/ONNX names) as dicts.
+- ``polyop.infer(name, input_specs, **attrs)``: shape inference; a spec is
+  ``(shape, dtype_name)`` with ``None`` for unknown dims (``(None, dtype)``: unknown rank),
+  or ``None`` for an absent optional input. Returns ``[(shape | None, dtype_name), ...]``.
+- ``polyop.run(name, *arrays, **attrs)``: run the CPU kernel on NumPy arrays (``None`` for an
+  absent optional input). Returns one array for a single-output op, a tuple for a
+  multi-output op (``topk``). Strided views are read in place; the GIL is released while the
+  kernel runs. In-place ops (``relu_``) run out of place here.
+- ``polyop.library_path(framework)``: the built ``libpolyop_<fw>.so`` for the framework.
+
+Errors: ``TypeError`` for wrong argument kinds (non-array, unsupported/mismatched dtype,
+wrong number of inputs, missing/unknown/wrong-typed attributes), ``ValueError`` for bad
+values (shapes, axis, k, attribute values, unknown op), ``RuntimeError`` for internal errors.
+Messages read ``polyop.<op>: <problem>``.
+
+Framework glue is imported explicitly: ``import polyop.torch``, ``polyop.tensorflow``,
+``polyop.onnxruntime``, ``polyop.jax``; this module never imports a framework.
+"""
+
+from __future__ import annotations
+
+from ._core import __version__, infer, op_info, ops, run
+from ._paths import library_path
+
+__all__ = ["ops", "op_info", "infer", "run", "library_path", "__version__"]

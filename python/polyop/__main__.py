@@ -1,0 +1,93 @@
+"""Command line: ``python -m polyop <command>``.
+
+Commands are small functions registered in ``COMMANDS``; add one by writing
+``def cmd_<name>(args)`` plus a ``_setup_<name>(parser)`` and listing it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _setup_ops(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--all", action="store_true", help="include backward-only ops")
+    p.add_argument("--json", action="store_true", help="print the metadata as JSON")
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    import polyop
+
+    infos = [o for o in polyop.ops() if args.all or not o["flags"]["backward_only"]]
+    if args.json:
+        print(json.dumps(infos, indent=2))
+        return 0
+    width = max((len(o["name"]) for o in infos), default=0)
+    for o in infos:
+        notes = []
+        if o["flags"]["inplace"]:
+            notes.append("in-place")
+        if o["flags"]["data_dependent_shape"]:
+            notes.append("data-dependent shape")
+        if o["flags"]["backward_only"]:
+            notes.append("backward")
+        if o["backward"]:
+            notes.append(f"grad: {o['backward']['op']}")
+        dts = ",".join(o["dtypes"])
+        extra = f"  [{'; '.join(notes)}]" if notes else ""
+        print(f"{o['name']:<{width}}  {o['schema']}  dtypes={dts}{extra}")
+    return 0
+
+
+def _setup_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="op name")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import polyop
+
+    print(json.dumps(polyop.op_info(args.name), indent=2))
+    return 0
+
+
+def _setup_libs(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def cmd_libs(args: argparse.Namespace) -> int:
+    import polyop
+
+    status = 0
+    for fw in ("torch", "tensorflow", "onnxruntime", "xla"):
+        try:
+            print(f"{fw:<12} {polyop.library_path(fw)}")
+        except FileNotFoundError as e:
+            print(f"{fw:<12} missing: {e}")
+            status = 1
+    return status
+
+
+#: name -> (help, setup(parser), run(args) -> exit code)
+COMMANDS = {
+    "ops": ("list the registered ops and their schemas", _setup_ops, cmd_ops),
+    "info": ("print one op's metadata as JSON", _setup_info, cmd_info),
+    "libs": ("show where the framework libraries are", _setup_libs, cmd_libs),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polyop", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_, setup, _) in COMMANDS.items():
+        setup(sub.add_parser(name, help=help_))
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][2](args)
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
