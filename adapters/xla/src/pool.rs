@@ -1,0 +1,177 @@
+//! kernel-core's [`ThreadPool`] over XLA's intra-op thread pool (`XLA_FFI_ThreadPool_Schedule`,
+//! FFI API >= 0.1). On XLA:CPU that is the Eigen pool that runs every other compute task, so a
+//! polyop kernel inside a jitted program never oversubscribes the cores.
+//!
+//! `Schedule` is fire-and-forget and XLA documents that tasks may run on the caller's thread,
+//! later, or on a pool of size 1. So `run` never *waits for* a helper to start: the calling
+//! thread claims task indices itself from a shared counter, helpers claim the rest, and the
+//! caller only waits for tasks that a helper has already claimed (and is therefore running).
+//! A helper that starts after all indices are claimed exits without touching the closure.
+//! The shared state is reference-counted, so such a late helper never sees freed memory.
+
+use crate::ffi_sys as sys;
+use kernel_core::ThreadPool;
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// XLA's intra-op pool, for one handler invocation.
+pub struct XlaPool {
+    api: *const sys::XLA_FFI_Api,
+    ctx: *mut sys::XLA_FFI_ExecutionContext,
+    threads: usize,
+}
+
+// The api table and execution context are valid, and thread-safe to use, for the duration of
+// the handler call that created the pool; `run` returns before the handler does.
+unsafe impl Sync for XlaPool {}
+unsafe impl Send for XlaPool {}
+
+impl XlaPool {
+    /// The pool XLA offers this call, or `None` when it offers none (then the adapter uses
+    /// kernel-core's default pool).
+    ///
+    /// # Safety
+    /// `api` and `ctx` come from the current call frame, which outlives the pool.
+    pub unsafe fn from_call(
+        api: *const sys::XLA_FFI_Api,
+        ctx: *mut sys::XLA_FFI_ExecutionContext,
+    ) -> Option<XlaPool> {
+        if api.is_null() || ctx.is_null() {
+            return None;
+        }
+        let a = unsafe { &*api };
+        let (num_threads_fn, _schedule) = (
+            a.XLA_FFI_ThreadPool_NumThreads?,
+            a.XLA_FFI_ThreadPool_Schedule?,
+        );
+        let mut n: i64 = 0;
+        let mut args = sys::XLA_FFI_ThreadPool_NumThreads_Args {
+            struct_size: sys::XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            ctx,
+            num_threads: &mut n,
+        };
+        let err = unsafe { num_threads_fn(&mut args) };
+        if !err.is_null() {
+            unsafe { crate::handler::destroy_error(api, err) };
+            return None;
+        }
+        if n <= 0 {
+            return None;
+        }
+        Some(XlaPool {
+            api,
+            ctx,
+            threads: n as usize,
+        })
+    }
+}
+
+struct Shared {
+    next: AtomicUsize,
+    done: AtomicUsize,
+    n: usize,
+    /// Lifetime-erased task closure; only dereferenced after claiming an index `< n`, and the
+    /// caller waits for every claimed index to finish before the closure goes away.
+    f: *const (dyn Fn(usize) + Sync),
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            if i >= self.n {
+                return;
+            }
+            // SAFETY: i < n was claimed, so the caller is still waiting for it (see `f`).
+            let f = unsafe { &*self.f };
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
+                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(p);
+            }
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+                let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.cv.notify_all();
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn task_entry(data: *mut std::ffi::c_void) {
+    // Nothing may unwind into XLA: `work` catches task panics; this catches the rest.
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: `data` is the Box<Arc<Shared>> leaked by `run` for this task.
+        let shared: Box<Arc<Shared>> = unsafe { Box::from_raw(data as *mut Arc<Shared>) };
+        shared.work();
+    });
+}
+
+impl ThreadPool for XlaPool {
+    fn run(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if num_tasks <= 1 || self.threads <= 1 {
+            (0..num_tasks).for_each(f);
+            return;
+        }
+        // SAFETY: erase the lifetime; see `Shared::f`.
+        let f_static: *const (dyn Fn(usize) + Sync) = unsafe {
+            std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
+        };
+        let shared = Arc::new(Shared {
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            n: num_tasks,
+            f: f_static,
+            panic: Mutex::new(None),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        });
+        let schedule = unsafe { (*self.api).XLA_FFI_ThreadPool_Schedule };
+        if let Some(schedule) = schedule {
+            let helpers = (num_tasks - 1).min(self.threads);
+            for _ in 0..helpers {
+                let data = Box::into_raw(Box::new(shared.clone())) as *mut std::ffi::c_void;
+                let mut args = sys::XLA_FFI_ThreadPool_Schedule_Args {
+                    struct_size: sys::XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE as usize,
+                    extension_start: std::ptr::null_mut(),
+                    ctx: self.ctx,
+                    task: Some(task_entry),
+                    data,
+                };
+                let err = unsafe { schedule(&mut args) };
+                if !err.is_null() {
+                    // Not scheduled: reclaim the reference; the caller does the work.
+                    unsafe {
+                        drop(Box::from_raw(data as *mut Arc<Shared>));
+                        crate::handler::destroy_error(self.api, err);
+                    }
+                    break;
+                }
+            }
+        }
+        shared.work();
+        {
+            let mut g = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            while shared.done.load(Ordering::Acquire) < num_tasks {
+                g = shared.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        let p = shared
+            .panic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(p) = p {
+            std::panic::resume_unwind(p);
+        }
+    }
+    fn num_threads(&self) -> usize {
+        self.threads
+    }
+}
