@@ -1,0 +1,192 @@
+//! Translating a kernel-core [`OpDef`] into a TensorFlow op definition (pure data; no TF calls).
+
+use kernel_core::{ArgType, AttrValue, DType, Error, OpDef, Result, TypeRule};
+
+/// TF's name of a dtype in op-definition specs.
+pub fn tf_type_name(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "half",
+        DType::BF16 => "bfloat16",
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::I32 => "int32",
+        DType::I64 => "int64",
+        DType::Bool => "bool",
+    }
+}
+
+/// The TF op type of an op: `Polyop` + CamelCase name.
+pub fn tf_op_type(op: &OpDef) -> String {
+    format!("Polyop{}", op.camel_name)
+}
+
+/// The name of the number attr of optional tensor input `input` (a list of 0 or 1 tensors).
+pub fn count_attr(input: &str) -> String {
+    format!("N_{input}")
+}
+
+/// One op as TF sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TfOpSpec {
+    pub op_type: String,
+    pub attrs: Vec<String>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+fn type_spec(rule: TypeRule) -> &'static str {
+    match rule {
+        TypeRule::T => "T",
+        TypeRule::Fixed(d) => tf_type_name(d),
+    }
+}
+
+fn literal(v: &AttrValue) -> Option<String> {
+    Some(match v {
+        AttrValue::None => return None,
+        AttrValue::Int(i) => i.to_string(),
+        AttrValue::Float(f) => format!("{f:?}"),
+        AttrValue::Bool(b) => b.to_string(),
+        AttrValue::Str(s) => format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")),
+        AttrValue::IntList(l) => format!(
+            "[{}]",
+            l.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        AttrValue::FloatList(l) => format!(
+            "[{}]",
+            l.iter()
+                .map(|x| format!("{x:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
+fn tf_attr_type(ty: &ArgType) -> &'static str {
+    match ty {
+        ArgType::Int => "int",
+        ArgType::Float => "float",
+        ArgType::Bool => "bool",
+        ArgType::Str => "string",
+        ArgType::IntList => "list(int)",
+        ArgType::FloatList => "list(float)",
+        ArgType::Tensor | ArgType::OptionalTensor => unreachable!("tensor args are inputs"),
+    }
+}
+
+/// Whether `name` is a valid TF input/output name (`[a-z][a-z0-9_]*`).
+fn valid_io_name(name: &str) -> bool {
+    let mut c = name.chars();
+    matches!(c.next(), Some('a'..='z'))
+        && c.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// The TF op definition of `op`: a type attr `T` over its dtypes (when some tensor has type T),
+/// one typed attr per schema attribute (with its default), one input per tensor argument
+/// (`Tensor?` as a list `N_name * T` of 0 or 1 tensors) and one output per return.
+pub fn tf_op_spec(op: &OpDef) -> Result<TfOpSpec> {
+    let err = |m: String| Error::invalid(m).in_op(op.name);
+    let mut attrs = Vec::new();
+    let uses_t = op
+        .input_types
+        .iter()
+        .chain(&op.output_types)
+        .any(|r| *r == TypeRule::T);
+    if uses_t {
+        if op.schema.attr_args().any(|a| a.name == "T") {
+            return Err(err(
+                "an attribute named `T` clashes with TF's type attr".into()
+            ));
+        }
+        let types: Vec<&str> = op.dtypes.iter().map(|&d| tf_type_name(d)).collect();
+        attrs.push(format!("T: {{{}}}", types.join(", ")));
+    }
+    for a in op.schema.attr_args() {
+        let mut s = format!("{}: {}", a.name, tf_attr_type(&a.ty));
+        if let Some(d) = a.default.as_ref().and_then(literal) {
+            s.push_str(" = ");
+            s.push_str(&d);
+        }
+        attrs.push(s);
+    }
+    let mut inputs = Vec::new();
+    for (a, rule) in op.schema.tensor_args().zip(&op.input_types) {
+        if !valid_io_name(&a.name) {
+            return Err(err(format!(
+                "input name `{}` is not a valid TF name",
+                a.name
+            )));
+        }
+        if a.ty == ArgType::OptionalTensor {
+            let n = count_attr(&a.name);
+            if op.schema.attr_args().any(|x| x.name == n) {
+                return Err(err(format!(
+                    "attribute `{n}` clashes with TF's list length attr"
+                )));
+            }
+            attrs.push(format!("{n}: int >= 0 = 0"));
+            inputs.push(format!("{}: {n} * {}", a.name, type_spec(*rule)));
+        } else {
+            inputs.push(format!("{}: {}", a.name, type_spec(*rule)));
+        }
+    }
+    let mut outputs = Vec::new();
+    for (i, rule) in op.output_types.iter().enumerate() {
+        let name = op.schema.output_name(i);
+        if !valid_io_name(&name) {
+            return Err(err(format!("output name `{name}` is not a valid TF name")));
+        }
+        outputs.push(format!("{name}: {}", type_spec(*rule)));
+    }
+    Ok(TfOpSpec {
+        op_type: tf_op_type(op),
+        attrs,
+        inputs,
+        outputs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernel_core::{InferCtx, KernelCtx, ShapeOut};
+
+    fn infer(_: &InferCtx) -> Result<Vec<ShapeOut>> {
+        Ok(vec![None, None])
+    }
+    fn cpu(_: &mut KernelCtx) -> Result<()> {
+        Ok(())
+    }
+
+    #[test]
+    fn translates_attrs_optional_inputs_and_outputs() {
+        let op = OpDef::builder(
+            "thing(Tensor x, int k, Tensor? weight=None, float eps=1e-6, bool largest=True, \
+             str approximate=\"none\") -> (Tensor values, Tensor indices)",
+        )
+        .dtypes(DType::NUMERIC)
+        .fixed("indices", DType::I64)
+        .infer(infer)
+        .cpu(cpu)
+        .build()
+        .unwrap();
+        let s = tf_op_spec(&op).unwrap();
+        assert_eq!(s.op_type, "PolyopThing");
+        assert_eq!(
+            s.attrs,
+            vec![
+                "T: {half, bfloat16, float, double, int32, int64}",
+                "k: int",
+                "eps: float = 1e-6",
+                "largest: bool = true",
+                "approximate: string = \"none\"",
+                "N_weight: int >= 0 = 0",
+            ]
+        );
+        assert_eq!(s.inputs, vec!["x: T", "weight: N_weight * T"]);
+        assert_eq!(s.outputs, vec!["values: T", "indices: int64"]);
+    }
+}
