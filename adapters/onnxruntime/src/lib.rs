@@ -1,1 +1,132 @@
-//! polyop adapter for onnxruntime: not yet implemented.
+//! polyop adapter for ONNX Runtime: a generic translator from a kernel-core [`Registry`] to
+//! ONNX Runtime custom ops in the `ai.polyop` domain (version 1).
+//!
+//! `cargo build --release -p polyop-onnxruntime` yields `target/release/libpolyop_onnxruntime.so`,
+//! which exports `RegisterCustomOps` for the stock registry (`polyop_kernels::registry()`):
+//!
+//! ```python
+//! so = onnxruntime.SessionOptions()
+//! so.register_custom_ops_library("target/release/libpolyop_onnxruntime.so")
+//! ```
+//!
+//! No link-time dependency on onnxruntime: the C API table arrives with `RegisterCustomOps`
+//! (`OrtApiBase::GetApi(API_VERSION)`). Types come from `ort-sys` with linking disabled.
+//! An out-of-tree op crate can export its own entry point with [`register_custom_ops`].
+
+pub mod api;
+mod attrs;
+pub mod custom_op;
+mod pool;
+
+use api::{Api, API_VERSION};
+use custom_op::PolyOp;
+use kernel_core::{Error, Registry};
+use ort_sys::{OrtApiBase, OrtErrorCode, OrtSessionOptions, OrtStatus};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Mutex, OnceLock};
+
+/// The ONNX domain every polyop op is registered in.
+pub const DOMAIN: &str = "ai.polyop";
+
+/// The custom ops for one (registry, API table) pair, built once and kept for the life of the
+/// process (ONNX Runtime keeps raw pointers to them in every session).
+type OpCache = Mutex<HashMap<(usize, usize), &'static [PolyOp]>>;
+
+fn custom_ops(registry: &'static Registry, api: Api) -> &'static [PolyOp] {
+    static CACHE: OnceLock<OpCache> = OnceLock::new();
+    let key = (
+        registry as *const Registry as usize,
+        api.0 as *const ort_sys::OrtApi as usize,
+    );
+    let mut map = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    map.entry(key).or_insert_with(|| {
+        let ops: Vec<PolyOp> = registry
+            .ops()
+            .filter(|op| !op.flags.inplace)
+            .flat_map(|op| custom_op::variants(api, op))
+            .collect();
+        Box::leak(ops.into_boxed_slice())
+    })
+}
+
+/// The ONNX op types `registry` is exposed as (in-place ops are skipped).
+pub fn op_types(registry: &Registry) -> Vec<String> {
+    registry
+        .ops()
+        .filter(|op| !op.flags.inplace)
+        .map(|op| op.onnx_op_type().to_string())
+        .collect()
+}
+
+/// Register every op of `registry` on `options` in the `ai.polyop` domain. What a library's
+/// `RegisterCustomOps` export calls.
+///
+/// # Safety
+/// `options` and `api_base` must be the pointers ONNX Runtime passes to `RegisterCustomOps`.
+pub unsafe fn register_custom_ops(
+    registry: &'static Registry,
+    options: *mut OrtSessionOptions,
+    api_base: *const OrtApiBase,
+) -> *mut OrtStatus {
+    if api_base.is_null() {
+        return std::ptr::null_mut();
+    }
+    let base = unsafe { &*api_base };
+    let api_ptr = unsafe { (base.GetApi)(API_VERSION) };
+    if api_ptr.is_null() {
+        // An onnxruntime older than the API we need: report it with the oldest table.
+        let old = unsafe { (base.GetApi)(1) };
+        if old.is_null() {
+            return std::ptr::null_mut();
+        }
+        let api = Api(unsafe { &*old });
+        return api.status_msg(
+            OrtErrorCode::ORT_FAIL,
+            &format!("polyop: this library needs ONNX Runtime C API version {API_VERSION} (onnxruntime 1.17) or newer"),
+        );
+    }
+    let api = Api(unsafe { &*api_ptr });
+    let r = std::panic::catch_unwind(|| -> kernel_core::Result<()> {
+        let ops = custom_ops(registry, api);
+        let domain_name = CString::new(DOMAIN).expect("no NUL");
+        let mut domain = std::ptr::null_mut();
+        unsafe {
+            api.check((api.0.CreateCustomOpDomain)(
+                domain_name.as_ptr(),
+                &mut domain,
+            ))?;
+            for op in ops {
+                api.check((api.0.CustomOpDomain_Add)(domain, op.as_ort()))?;
+            }
+            // The domain must outlive every session created from `options`; ONNX Runtime does
+            // not take ownership, so it is deliberately never released (one small object per
+            // registration).
+            api.check((api.0.AddCustomOpDomain)(options, domain))?;
+        }
+        Ok(())
+    });
+    match r {
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(e)) => api.status(&Error {
+            message: format!("registering the {DOMAIN} domain failed: {}", e.message),
+            ..e
+        }),
+        Err(p) => api.status(&Error::from_panic("RegisterCustomOps", p)),
+    }
+}
+
+/// The entry point `SessionOptions.register_custom_ops_library` looks up: every stock op.
+///
+/// # Safety
+/// Called by ONNX Runtime with its session options and API base.
+#[no_mangle]
+pub unsafe extern "C" fn RegisterCustomOps(
+    options: *mut OrtSessionOptions,
+    api_base: *const OrtApiBase,
+) -> *mut OrtStatus {
+    unsafe { register_custom_ops(polyop_kernels::registry(), options, api_base) }
+}

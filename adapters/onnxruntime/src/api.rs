@@ -1,0 +1,440 @@
+//! Thin, checked wrappers over the parts of the ONNX Runtime C API table the adapter uses.
+//!
+//! The table (`OrtApi`) arrives at load time through `RegisterCustomOps`; nothing here links
+//! against onnxruntime. Every wrapper turns a non-null `OrtStatus*` into a `kernel_core::Error`
+//! (releasing the status), so callers can use `?`.
+
+use kernel_core::{DType, Error, ErrorKind, Result};
+use ort_sys::{
+    ONNXTensorElementDataType as ET, OrtApi, OrtErrorCode, OrtKernelContext, OrtKernelInfo,
+    OrtOpAttr, OrtOpAttrType, OrtShapeInferContext, OrtStatus, OrtStatusPtr,
+    OrtTensorTypeAndShapeInfo, OrtValue,
+};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::ptr;
+
+/// The C API version the adapter requests and declares in every `OrtCustomOp`. 17 is the
+/// oldest version that has everything used here (`CreateKernelV2`/`KernelComputeV2` from 16,
+/// `InferOutputShapeFn`/`OrtShapeInferContext`/`ReadOpAttr` from 17, `KernelContext_ParallelFor`
+/// from 14), so the same library loads into ONNX Runtime 1.17 and every later release
+/// (tested with 1.31.1). The bindings come from `ort-sys` (made for 1.31); requesting an older
+/// version is allowed by the C API's append-only table.
+pub const API_VERSION: u32 = 17;
+
+/// A borrowed `OrtApi` table; valid for the life of the process that handed it out.
+#[derive(Clone, Copy)]
+pub struct Api(pub &'static OrtApi);
+
+// SAFETY: the table is an immutable array of function pointers owned by onnxruntime.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+/// ONNX element type <-> polyop dtype.
+pub fn dtype_from_onnx(t: ET) -> Option<DType> {
+    Some(match t {
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => DType::F16,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 => DType::BF16,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => DType::F32,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE => DType::F64,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => DType::I32,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => DType::I64,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+pub fn onnx_from_dtype(d: DType) -> ET {
+    match d {
+        DType::F16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+        DType::BF16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
+        DType::F32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+        DType::F64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+        DType::I32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+        DType::I64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+        DType::Bool => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
+    }
+}
+
+/// ONNX's lower-case name of an element type, for error messages.
+pub fn onnx_type_name(t: ET) -> String {
+    let s = format!("{t:?}");
+    s.trim_start_matches("ONNX_TENSOR_ELEMENT_DATA_TYPE_")
+        .to_ascii_lowercase()
+}
+
+/// An element type the adapter cannot hand to a kernel, as a polyop error.
+pub fn unsupported_type(what: &str, t: ET) -> Error {
+    Error::invalid(format!(
+        "unsupported dtype {} for {what} (polyop supports float16, bfloat16, float32, float64, int32, int64, bool)",
+        onnx_type_name(t)
+    ))
+}
+
+/// A dimension as ONNX Runtime reports it: -1 (or any negative) = unknown.
+fn dim_from_ort(d: i64) -> Option<usize> {
+    usize::try_from(d).ok()
+}
+
+/// A C string buffer as a String (up to the first NUL).
+fn string_from_buf(mut buf: Vec<u8>) -> String {
+    if let Some(p) = buf.iter().position(|&b| b == 0) {
+        buf.truncate(p);
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Convert a float32 attribute to the f64 the user most likely meant: the shortest decimal that
+/// round-trips the f32 (`1e-6f32` -> `1e-6f64`, not `9.99999997e-7`). ONNX stores float
+/// attributes as float32 only, while polyop attributes are f64; this keeps results bitwise
+/// identical to `polyop.run(..., eps=1e-6)`.
+pub fn f32_attr_to_f64(v: f32) -> f64 {
+    format!("{v}").parse::<f64>().unwrap_or(v as f64)
+}
+
+impl Api {
+    /// Turn a status into a result, releasing it.
+    pub fn check(&self, st: OrtStatusPtr) -> Result<()> {
+        if st.0.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a non-null status from this API; released exactly once here.
+        unsafe {
+            let code = (self.0.GetErrorCode)(st.0);
+            let msg = CStr::from_ptr((self.0.GetErrorMessage)(st.0))
+                .to_string_lossy()
+                .into_owned();
+            (self.0.ReleaseStatus)(st.0);
+            Err(Error {
+                kind: if code == OrtErrorCode::ORT_INVALID_ARGUMENT {
+                    ErrorKind::InvalidArgument
+                } else {
+                    ErrorKind::Internal
+                },
+                op: String::new(),
+                message: format!("onnxruntime: {msg}"),
+            })
+        }
+    }
+
+    /// Release a status without looking at it.
+    pub fn release(&self, st: OrtStatusPtr) {
+        if !st.0.is_null() {
+            // SAFETY: as in `check`.
+            unsafe { (self.0.ReleaseStatus)(st.0) }
+        }
+    }
+
+    /// A new status for `err`: invalid arguments -> ORT_INVALID_ARGUMENT, everything else ->
+    /// ORT_FAIL. The message is the error's Display ("polyop.<op>: ...").
+    pub fn status(&self, err: &Error) -> *mut OrtStatus {
+        let code = match err.kind {
+            ErrorKind::InvalidArgument => OrtErrorCode::ORT_INVALID_ARGUMENT,
+            ErrorKind::Unsupported | ErrorKind::Internal => OrtErrorCode::ORT_FAIL,
+        };
+        self.status_msg(code, &err.to_string())
+    }
+
+    pub fn status_msg(&self, code: OrtErrorCode, msg: &str) -> *mut OrtStatus {
+        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: CreateStatus copies the message.
+        unsafe { (self.0.CreateStatus)(code, c.as_ptr()).0 }
+    }
+
+    // ---- tensor type and shape ------------------------------------------------------------
+
+    /// Element type and dims of a type-and-shape info (not released here).
+    pub unsafe fn info_type_dims(
+        &self,
+        info: *const OrtTensorTypeAndShapeInfo,
+    ) -> Result<(ET, Vec<i64>)> {
+        let mut et = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+        let mut n = 0usize;
+        unsafe {
+            self.check((self.0.GetTensorElementType)(info, &mut et))?;
+            self.check((self.0.GetDimensionsCount)(info, &mut n))?;
+            let mut dims = vec![0i64; n];
+            self.check((self.0.GetDimensions)(info, dims.as_mut_ptr(), n))?;
+            Ok((et, dims))
+        }
+    }
+
+    /// Element type and concrete shape of a tensor value.
+    pub unsafe fn value_type_shape(&self, v: *const OrtValue) -> Result<(ET, Vec<usize>)> {
+        let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
+        unsafe {
+            self.check((self.0.GetTensorTypeAndShape)(v, &mut info))?;
+            let r = self.info_type_dims(info);
+            (self.0.ReleaseTensorTypeAndShapeInfo)(info);
+            let (et, dims) = r?;
+            let shape = dims
+                .into_iter()
+                .map(|d| dim_from_ort(d).ok_or_else(|| Error::internal("negative runtime dim")))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((et, shape))
+        }
+    }
+
+    pub unsafe fn tensor_data(&self, v: *const OrtValue) -> Result<*mut u8> {
+        let mut p: *mut c_void = ptr::null_mut();
+        unsafe {
+            self.check((self.0.GetTensorMutableData)(v as *mut OrtValue, &mut p))?;
+        }
+        Ok(p as *mut u8)
+    }
+
+    // ---- kernel context -------------------------------------------------------------------
+
+    pub unsafe fn input_count(&self, ctx: *const OrtKernelContext) -> Result<usize> {
+        let mut n = 0;
+        unsafe { self.check((self.0.KernelContext_GetInputCount)(ctx, &mut n))? };
+        Ok(n)
+    }
+    pub unsafe fn output_count(&self, ctx: *const OrtKernelContext) -> Result<usize> {
+        let mut n = 0;
+        unsafe { self.check((self.0.KernelContext_GetOutputCount)(ctx, &mut n))? };
+        Ok(n)
+    }
+    pub unsafe fn input(&self, ctx: *const OrtKernelContext, i: usize) -> Result<*const OrtValue> {
+        let mut v: *const OrtValue = ptr::null();
+        unsafe { self.check((self.0.KernelContext_GetInput)(ctx, i, &mut v))? };
+        Ok(v)
+    }
+    pub unsafe fn output(
+        &self,
+        ctx: *mut OrtKernelContext,
+        i: usize,
+        shape: &[usize],
+    ) -> Result<*mut OrtValue> {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let mut v: *mut OrtValue = ptr::null_mut();
+        unsafe {
+            self.check((self.0.KernelContext_GetOutput)(
+                ctx,
+                i,
+                dims.as_ptr(),
+                dims.len(),
+                &mut v,
+            ))?
+        };
+        Ok(v)
+    }
+
+    // ---- kernel info (attributes and input types at kernel creation) ---------------------
+
+    pub unsafe fn info_int(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<i64> {
+        let mut v = 0i64;
+        let st = unsafe { (self.0.KernelInfoGetAttribute_int64)(info, name.as_ptr(), &mut v) };
+        self.check(st).ok().map(|_| v)
+    }
+    pub unsafe fn info_float(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<f32> {
+        let mut v = 0f32;
+        let st = unsafe { (self.0.KernelInfoGetAttribute_float)(info, name.as_ptr(), &mut v) };
+        self.check(st).ok().map(|_| v)
+    }
+    pub unsafe fn info_string(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<String> {
+        let mut size = 0usize;
+        let st = unsafe {
+            (self.0.KernelInfoGetAttribute_string)(info, name.as_ptr(), ptr::null_mut(), &mut size)
+        };
+        self.check(st).ok()?;
+        let mut buf = vec![0u8; size.max(1)];
+        let st = unsafe {
+            (self.0.KernelInfoGetAttribute_string)(
+                info,
+                name.as_ptr(),
+                buf.as_mut_ptr() as *mut c_char,
+                &mut size,
+            )
+        };
+        self.check(st).ok()?;
+        Some(string_from_buf(buf))
+    }
+    pub unsafe fn info_ints(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<i64>> {
+        let mut size = 0usize;
+        let st = unsafe {
+            (self.0.KernelInfoGetAttributeArray_int64)(
+                info,
+                name.as_ptr(),
+                ptr::null_mut(),
+                &mut size,
+            )
+        };
+        self.check(st).ok()?;
+        let mut v = vec![0i64; size];
+        let st = unsafe {
+            (self.0.KernelInfoGetAttributeArray_int64)(
+                info,
+                name.as_ptr(),
+                v.as_mut_ptr(),
+                &mut size,
+            )
+        };
+        self.check(st).ok()?;
+        Some(v)
+    }
+    pub unsafe fn info_floats(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<f32>> {
+        let mut size = 0usize;
+        let st = unsafe {
+            (self.0.KernelInfoGetAttributeArray_float)(
+                info,
+                name.as_ptr(),
+                ptr::null_mut(),
+                &mut size,
+            )
+        };
+        self.check(st).ok()?;
+        let mut v = vec![0f32; size];
+        let st = unsafe {
+            (self.0.KernelInfoGetAttributeArray_float)(
+                info,
+                name.as_ptr(),
+                v.as_mut_ptr(),
+                &mut size,
+            )
+        };
+        self.check(st).ok()?;
+        Some(v)
+    }
+
+    /// Declared element type and dims (None = unknown) of node input `i`; `None` when the input
+    /// is absent or has no tensor type.
+    pub unsafe fn info_input_spec(
+        &self,
+        info: *const OrtKernelInfo,
+        i: usize,
+    ) -> Option<(ET, Vec<Option<usize>>)> {
+        let mut ti: *mut ort_sys::OrtTypeInfo = ptr::null_mut();
+        unsafe {
+            self.check((self.0.KernelInfo_GetInputTypeInfo)(info, i, &mut ti))
+                .ok()?;
+            if ti.is_null() {
+                return None;
+            }
+            let mut tinfo: *const OrtTensorTypeAndShapeInfo = ptr::null();
+            let r = self
+                .check((self.0.CastTypeInfoToTensorInfo)(ti, &mut tinfo))
+                .ok()
+                .filter(|_| !tinfo.is_null())
+                .and_then(|_| self.info_type_dims(tinfo).ok());
+            (self.0.ReleaseTypeInfo)(ti);
+            let (et, dims) = r?;
+            Some((et, dims.into_iter().map(dim_from_ort).collect()))
+        }
+    }
+
+    pub unsafe fn info_input_count(&self, info: *const OrtKernelInfo) -> Result<usize> {
+        let mut n = 0;
+        unsafe { self.check((self.0.KernelInfo_GetInputCount)(info, &mut n))? };
+        Ok(n)
+    }
+
+    // ---- shape inference ------------------------------------------------------------------
+
+    pub unsafe fn sic_input_count(&self, ctx: *const OrtShapeInferContext) -> Result<usize> {
+        let mut n = 0;
+        unsafe { self.check((self.0.ShapeInferContext_GetInputCount)(ctx, &mut n))? };
+        Ok(n)
+    }
+
+    /// Input `i`'s element type and dims (the info is owned by the context).
+    pub unsafe fn sic_input(
+        &self,
+        ctx: *const OrtShapeInferContext,
+        i: usize,
+    ) -> Result<(ET, Vec<Option<usize>>)> {
+        let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
+        unsafe {
+            self.check((self.0.ShapeInferContext_GetInputTypeShape)(
+                ctx, i, &mut info,
+            ))?;
+            if info.is_null() {
+                return Err(Error::internal("no type info"));
+            }
+            let (et, dims) = self.info_type_dims(info)?;
+            Ok((et, dims.into_iter().map(dim_from_ort).collect()))
+        }
+    }
+
+    pub unsafe fn sic_attr(
+        &self,
+        ctx: *const OrtShapeInferContext,
+        name: &CStr,
+    ) -> *const OrtOpAttr {
+        let mut a: *const OrtOpAttr = ptr::null();
+        let st = unsafe { (self.0.ShapeInferContext_GetAttribute)(ctx, name.as_ptr(), &mut a) };
+        if self.check(st).is_err() {
+            return ptr::null();
+        }
+        a
+    }
+
+    /// Read an attribute as `ty`; `None` if it does not hold that type.
+    pub unsafe fn read_attr_scalar(
+        &self,
+        a: *const OrtOpAttr,
+        ty: OrtOpAttrType,
+    ) -> Option<[u8; 8]> {
+        let mut buf = [0u8; 8];
+        let mut out = 0usize;
+        let st = unsafe {
+            (self.0.ReadOpAttr)(a, ty, buf.as_mut_ptr() as *mut c_void, buf.len(), &mut out)
+        };
+        self.check(st).ok().map(|_| buf)
+    }
+
+    /// Read a variable-size attribute (string / list) as raw bytes.
+    pub unsafe fn read_attr_bytes(
+        &self,
+        a: *const OrtOpAttr,
+        ty: OrtOpAttrType,
+    ) -> Option<Vec<u8>> {
+        let mut out = 0usize;
+        // First call with no room reports the size (and an error status we drop).
+        let st = unsafe { (self.0.ReadOpAttr)(a, ty, ptr::null_mut(), 0, &mut out) };
+        self.release(st);
+        let mut buf = vec![0u8; out.max(1)];
+        let st = unsafe {
+            (self.0.ReadOpAttr)(a, ty, buf.as_mut_ptr() as *mut c_void, buf.len(), &mut out)
+        };
+        self.check(st).ok()?;
+        buf.truncate(out);
+        Some(buf)
+    }
+
+    /// Tell ONNX Runtime output `i`'s element type and dims (unknown dims get a symbolic name).
+    pub unsafe fn sic_set_output(
+        &self,
+        ctx: *const OrtShapeInferContext,
+        i: usize,
+        et: ET,
+        dims: &[Option<usize>],
+        sym_prefix: &str,
+    ) -> Result<()> {
+        let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
+        unsafe {
+            self.check((self.0.CreateTensorTypeAndShapeInfo)(&mut info))?;
+            let r = (|| {
+                self.check((self.0.SetTensorElementType)(info, et))?;
+                let vals: Vec<i64> = dims.iter().map(|d| d.map_or(-1, |v| v as i64)).collect();
+                self.check((self.0.SetDimensions)(info, vals.as_ptr(), vals.len()))?;
+                let names: Vec<CString> = dims
+                    .iter()
+                    .enumerate()
+                    .map(|(j, d)| match d {
+                        Some(_) => CString::default(),
+                        None => CString::new(format!("{sym_prefix}_d{j}")).unwrap_or_default(),
+                    })
+                    .collect();
+                let mut ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
+                self.check((self.0.SetSymbolicDimensions)(
+                    info,
+                    ptrs.as_mut_ptr(),
+                    ptrs.len(),
+                ))?;
+                self.check((self.0.ShapeInferContext_SetOutputTypeShape)(ctx, i, info))
+            })();
+            (self.0.ReleaseTensorTypeAndShapeInfo)(info);
+            r
+        }
+    }
+}
