@@ -90,17 +90,12 @@ num_int!(i64);
 /// Float compute types (f32, f64): transcendental functions and constants.
 pub trait Real: Num + num_traits::Float {
     fn from_f64(v: f64) -> Self;
-    fn to_f64(self) -> f64;
     fn erf(self) -> Self;
 }
 impl Real for f32 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v as f32
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self as f64
     }
     #[inline(always)]
     fn erf(self) -> Self {
@@ -111,10 +106,6 @@ impl Real for f64 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self
     }
     #[inline(always)]
     fn erf(self) -> Self {

@@ -3,9 +3,11 @@
 use kernel_core::{Registry, Result};
 use std::sync::OnceLock;
 
-#[allow(dead_code)] // shared helpers; some are used only by later op families
 pub(crate) mod common;
 pub mod elementwise;
+pub mod norm;
+pub mod softmax;
+pub mod topk;
 
 /// Every stock op (forward and backward), validated.
 pub fn registry() -> &'static Registry {
@@ -16,6 +18,9 @@ pub fn registry() -> &'static Registry {
 fn build() -> Result<Registry> {
     let mut r = Registry::new();
     elementwise::register(&mut r)?;
+    softmax::register(&mut r)?;
+    norm::register(&mut r)?;
+    topk::register(&mut r)?;
     r.validate()?;
     Ok(r)
 }

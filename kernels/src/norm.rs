@@ -1,0 +1,226 @@
+//! rms_norm and rms_norm_backward over the last axis.
+//!
+//! `y = x / sqrt(mean(x^2) + eps) * weight`, the mean taken in the compute type (f32 for half
+//! types), one row per task. A rank-0 `x` is one row of length 1. The weight gradient sums
+//! per-row contributions over fixed chunks of rows (chunk boundaries depend only on the
+//! number of rows), then adds the chunk partials in chunk order, so it does not depend on the
+//! thread count.
+
+use crate::common::Num;
+use crate::common::{
+    contiguous_lanes, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr, store_strided,
+    with_float, Lanes, Real, Scalar,
+};
+use crate::elementwise::req;
+use kernel_core::{
+    parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
+    TensorRef,
+};
+use num_traits::Float as _;
+
+pub fn register(r: &mut Registry) -> Result<()> {
+    r.register(
+        OpDef::builder("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6) -> Tensor")
+            .doc("x / sqrt(mean(x^2 over the last axis) + eps) * weight")
+            .infer(rms_norm_infer)
+            .cpu(rms_norm_cpu)
+            .backward(
+                "rms_norm_backward",
+                &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
+                &[0, 1],
+            )
+            .build()?,
+    )?;
+    r.register(
+        OpDef::builder(
+            "rms_norm_backward(Tensor grad, Tensor x, Tensor? weight=None, float eps=1e-6) -> (Tensor grad_x, Tensor grad_weight)",
+        )
+        .doc("gradients of rms_norm for x and weight (grad_weight is [x.shape[-1]] even without a weight)")
+        .infer(rms_norm_backward_infer)
+        .cpu(rms_norm_backward_cpu)
+        .backward_only()
+        .build()?,
+    )?;
+    Ok(())
+}
+
+/// The normalised length (last dim of x; 1 for rank 0), `None` if unknown. Validates the
+/// weight's shape and eps.
+fn check(ctx: &InferCtx, x: usize, w: usize) -> Result<Option<Dim>> {
+    let eps = ctx.attrs.float("eps")?;
+    if eps.is_nan() || eps < 0.0 {
+        return Err(Error::invalid(format!("eps must be >= 0, got {eps}")));
+    }
+    let n: Option<Dim> = ctx.dims(x).map(|d| {
+        if d.is_empty() {
+            Some(1)
+        } else {
+            d[d.len() - 1]
+        }
+    });
+    if let Some(wspec) = ctx.input_opt(w) {
+        if let Some(wd) = wspec.shape.as_deref() {
+            let bad = match (wd, n) {
+                ([_], None) => false,
+                ([wn], Some(n)) => wn.is_some() && n.is_some() && *wn != n,
+                _ => true,
+            };
+            if bad {
+                let want = match n {
+                    Some(Some(n)) => format!("[{n}]"),
+                    _ => "[n]".to_string(),
+                };
+                return Err(Error::invalid(format!(
+                    "weight must have shape {want} (the last dim of x), got {}",
+                    fmt_dims(wd)
+                )));
+            }
+        }
+    }
+    Ok(n)
+}
+
+fn rms_norm_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    check(ctx, 0, 1)?;
+    Ok(vec![ctx.input(0).shape.clone()])
+}
+
+fn rms_norm_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    let n = check(ctx, 1, 2)?;
+    let (g, x) = (ctx.dims(0), ctx.dims(1));
+    if !crate::common::dims_compatible(x, g) {
+        return Err(Error::invalid(format!(
+            "grad has shape {} but x has shape {}",
+            fmt_dims(g.unwrap_or_default()),
+            fmt_dims(x.unwrap_or_default())
+        )));
+    }
+    let n: Dim = n.flatten();
+    Ok(vec![ctx.input(1).shape.clone(), Some(vec![n])])
+}
+
+/// The weight (or ones) in the compute type.
+fn weight_c<T: Scalar>(w: Option<&TensorRef>, n: usize) -> Result<Vec<T::C>>
+where
+    T::C: Real,
+{
+    let mut wb = vec![T::C::ONE; n];
+    if let Some(w) = w {
+        // SAFETY: the shape function checked w is [n].
+        unsafe { load_strided(in_ptr::<T>(w)?, 0, w.strides[0], &mut wb) };
+    }
+    Ok(wb)
+}
+
+fn x_lanes(x: &TensorRef) -> Lanes {
+    Lanes::new(&x.shape, &x.strides, x.rank().saturating_sub(1))
+}
+
+fn rms_norm_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let x = req(inputs, 0)?;
+    let eps = T::C::from_f64(ctx.attrs.float("eps")?);
+    let lx = x_lanes(x);
+    let n = lx.n;
+    let wb = weight_c::<T>(inputs.get(1).and_then(Option::as_ref), n)?;
+    let out = &mut ctx.outputs[0];
+    let lout = contiguous_lanes(&out.shape, out.rank().saturating_sub(1));
+    let (p, o) = (in_ptr::<T>(x)?, out_ptr::<T>(out)?);
+    if n == 0 || lx.count == 0 {
+        return Ok(());
+    }
+    let inv_n = T::C::ONE / T::C::from_f64(n as f64);
+    kernel_core::parallel_for(pool, lx.count, lane_grain(n), |range| {
+        let mut buf = vec![T::C::ZERO; n];
+        for lane in range {
+            // SAFETY: lanes come from the tensors' own shapes; one task per output row.
+            unsafe { load_strided(p, lx.base(lane), lx.stride, &mut buf) };
+            let ss = buf.iter().fold(T::C::ZERO, |a, &v| a + v * v);
+            let r = T::C::ONE / (ss * inv_n + eps).sqrt();
+            for (v, &w) in buf.iter_mut().zip(&wb) {
+                *v = *v * r * w;
+            }
+            unsafe { store_strided(o, lout.base(lane), lout.stride, &buf) };
+        }
+    });
+    Ok(())
+}
+
+fn rms_norm_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => rms_norm_k::<T>(ctx))
+}
+
+fn rms_norm_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let (g, x) = (req(inputs, 0)?, req(inputs, 1)?);
+    let eps = T::C::from_f64(ctx.attrs.float("eps")?);
+    let (lg, lx) = (x_lanes(g), x_lanes(x));
+    let n = lx.n;
+    let wb = weight_c::<T>(inputs.get(2).and_then(Option::as_ref), n)?;
+    let (gx_out, gw_out) = ctx.outputs.split_at_mut(1);
+    let lout = contiguous_lanes(&gx_out[0].shape, gx_out[0].rank().saturating_sub(1));
+    let (pg, px) = (in_ptr::<T>(g)?, in_ptr::<T>(x)?);
+    let o = out_ptr::<T>(&mut gx_out[0])?;
+    let gw = gw_out[0].as_mut_slice::<T>()?;
+    if n == 0 {
+        return Ok(());
+    }
+    let rows = lx.count;
+    let inv_n = T::C::ONE / T::C::from_f64(n as f64);
+    let grain = lane_grain(n);
+    let (count, size) = chunks(rows, grain);
+    // one partial grad_weight per chunk of rows
+    let partials: Vec<std::sync::Mutex<Vec<T::C>>> = (0..count)
+        .map(|_| std::sync::Mutex::new(Vec::new()))
+        .collect();
+    let task = |c: usize| {
+        let mut gb = vec![T::C::ZERO; n];
+        let mut xb = vec![T::C::ZERO; n];
+        let mut acc = vec![T::C::ZERO; n];
+        for lane in c * size..((c + 1) * size).min(rows) {
+            // SAFETY: as in rms_norm.
+            unsafe {
+                load_strided(pg, lg.base(lane), lg.stride, &mut gb);
+                load_strided(px, lx.base(lane), lx.stride, &mut xb);
+            }
+            let ss = xb.iter().fold(T::C::ZERO, |a, &v| a + v * v);
+            let r = T::C::ONE / (ss * inv_n + eps).sqrt();
+            let s = gb
+                .iter()
+                .zip(&xb)
+                .zip(&wb)
+                .fold(T::C::ZERO, |a, ((&g, &x), &w)| a + g * w * x);
+            let k = r * r * r * s * inv_n;
+            for j in 0..n {
+                acc[j] = acc[j] + gb[j] * xb[j] * r;
+                gb[j] = r * gb[j] * wb[j] - k * xb[j];
+            }
+            unsafe { store_strided(o, lout.base(lane), lout.stride, &gb) };
+        }
+        *partials[c].lock().unwrap_or_else(|e| e.into_inner()) = acc;
+    };
+    match count {
+        0 => {}
+        1 => task(0),
+        _ => pool.run(count, &task),
+    }
+    let mut total = vec![T::C::ZERO; n];
+    for p in partials {
+        let p = p.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (t, v) in total.iter_mut().zip(p) {
+            *t = *t + v;
+        }
+    }
+    T::store(&total, gw);
+    Ok(())
+}
+
+fn rms_norm_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => rms_norm_backward_k::<T>(ctx))
+}

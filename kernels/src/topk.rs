@@ -1,0 +1,245 @@
+//! topk and topk_backward.
+//!
+//! Per lane along `axis`: a partial selection (`select_nth_unstable_by`, O(n)) of the k best
+//! elements, then a sort of those k, under a total order: by value (descending when
+//! `largest`, ascending otherwise) with NaN counted larger than every number (so NaNs come
+//! first when largest, last otherwise), `-0.0 == +0.0`, and ties broken by the lower index.
+//! The total order makes the result unique, hence independent of the thread count. A rank-0
+//! input is one lane of length 1: k = 1 gives rank-0 outputs, k = 0 gives outputs of shape [0].
+
+use crate::common::{
+    contiguous_lanes, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr, store_strided,
+    with_numeric, Lanes, Num, OutPtr, Scalar,
+};
+use crate::elementwise::req;
+use kernel_core::{
+    normalize_axis, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx, OpDef, Registry,
+    Result, ShapeOut,
+};
+use std::cmp::Ordering;
+
+pub fn register(r: &mut Registry) -> Result<()> {
+    r.register(
+        OpDef::builder(
+            "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)",
+        )
+        .doc("the k largest (or smallest) elements along axis, sorted; ties: lower index first; NaN is largest")
+        .dtypes(DType::NUMERIC)
+        .fixed("indices", DType::I64)
+        .infer(topk_infer)
+        .cpu(topk_cpu)
+        .backward(
+            "topk_backward",
+            &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Output(1)],
+            &[0],
+        )
+        .onnx_name("TopK")
+        .build()?,
+    )?;
+    r.register(
+        OpDef::builder(
+            "topk_backward(Tensor grad_values, Tensor x, Tensor indices, int axis=-1) -> Tensor",
+        )
+        .doc("grad_values scattered (summed) at indices along axis into zeros shaped like x")
+        .dtypes(DType::NUMERIC)
+        .fixed("indices", DType::I64)
+        .infer(topk_backward_infer)
+        .cpu(topk_backward_cpu)
+        .backward_only()
+        .build()?,
+    )?;
+    Ok(())
+}
+
+fn topk_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    let k = ctx.attrs.int("k")?;
+    let axis = ctx.attrs.int("axis")?;
+    if k < 0 {
+        return Err(Error::invalid(format!("k={k} must be >= 0")));
+    }
+    let Some(dims) = ctx.dims(0) else {
+        return Ok(vec![None, None]);
+    };
+    let ax = normalize_axis(axis, dims.len())?;
+    let size = if dims.is_empty() { Some(1) } else { dims[ax] };
+    if let Some(size) = size {
+        if k as usize > size {
+            return Err(Error::invalid(format!(
+                "k={k} is out of range for axis {ax} of size {size} (expected 0 <= k <= {size})"
+            )));
+        }
+    }
+    let out = if dims.is_empty() {
+        if k == 1 {
+            vec![]
+        } else {
+            vec![Some(0)]
+        }
+    } else {
+        let mut d = dims.to_vec();
+        d[ax] = Some(k as usize);
+        d
+    };
+    Ok(vec![Some(out.clone()), Some(out)])
+}
+
+fn topk_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    let axis = ctx.attrs.int("axis")?;
+    let (g, x, i) = (ctx.dims(0), ctx.dims(1), ctx.dims(2));
+    if !crate::common::dims_compatible(g, i) {
+        return Err(Error::invalid(format!(
+            "grad_values has shape {} but indices has shape {}",
+            fmt_dims(g.unwrap_or_default()),
+            fmt_dims(i.unwrap_or_default())
+        )));
+    }
+    if let Some(x) = x {
+        let ax = normalize_axis(axis, x.len())?;
+        if let Some(g) = g {
+            let ok = if x.is_empty() {
+                g.is_empty() || g == [Some(0)]
+            } else {
+                g.len() == x.len()
+                    && g.iter().zip(x).enumerate().all(|(d, (a, b))| match (a, b) {
+                        (Some(a), Some(b)) => {
+                            if d == ax {
+                                a <= b
+                            } else {
+                                a == b
+                            }
+                        }
+                        _ => true,
+                    })
+            };
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "grad_values has shape {} which is not a topk result of x with shape {} along axis {ax}",
+                    fmt_dims(g),
+                    fmt_dims(x)
+                )));
+            }
+        }
+    }
+    Ok(vec![ctx.input(1).shape.clone()])
+}
+
+/// NaN-largest order on compute values (NaN == NaN; -0 == +0).
+#[inline(always)]
+fn cmp_nan_max<C: Num>(a: C, b: C) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    }
+}
+
+/// Select and sort the first k of `items` under `cmp` (a total order).
+fn top_k_sorted<E>(items: &mut [E], k: usize, cmp: impl Fn(&E, &E) -> Ordering + Copy) {
+    if k == 0 {
+        return;
+    }
+    if k < items.len() {
+        items.select_nth_unstable_by(k - 1, cmp);
+    }
+    items[..k].sort_unstable_by(cmp);
+}
+
+fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let x = req(inputs, 0)?;
+    let k = ctx.attrs.int("k")? as usize;
+    let largest = ctx.attrs.bool("largest")?;
+    let axis = normalize_axis(ctx.attrs.int("axis")?, x.rank())?;
+    let lin = Lanes::new(&x.shape, &x.strides, axis);
+    let (vo, io) = ctx.outputs.split_at_mut(1);
+    let lout = contiguous_lanes(&vo[0].shape, axis.min(vo[0].rank().saturating_sub(1)));
+    let (p, ov) = (in_ptr::<T>(x)?, out_ptr::<T>(&mut vo[0])?);
+    let oi: OutPtr<i64> = out_ptr::<i64>(&mut io[0])?;
+    let n = lin.n;
+    if k == 0 || lin.count == 0 {
+        return Ok(());
+    }
+    if k > n {
+        return Err(Error::internal(format!("k={k} > {n} after shape check")));
+    }
+    parallel_for(pool, lin.count, lane_grain(n), |range| {
+        let mut vals = vec![T::C::ZERO; n];
+        let mut items: Vec<(T::C, usize)> = Vec::with_capacity(n);
+        let mut vout = vec![T::C::ZERO; k];
+        for lane in range {
+            // SAFETY: lanes come from the tensors' own shapes; one task per output lane.
+            unsafe { load_strided(p, lin.base(lane), lin.stride, &mut vals) };
+            items.clear();
+            items.extend(vals.iter().copied().zip(0..n));
+            if largest {
+                top_k_sorted(&mut items, k, |a, b| {
+                    cmp_nan_max(b.0, a.0).then(a.1.cmp(&b.1))
+                });
+            } else {
+                top_k_sorted(&mut items, k, |a, b| {
+                    cmp_nan_max(a.0, b.0).then(a.1.cmp(&b.1))
+                });
+            }
+            let base = lout.base(lane);
+            for (j, &(v, i)) in items[..k].iter().enumerate() {
+                vout[j] = v;
+                unsafe { oi.write(base + j as isize * lout.stride, i as i64) };
+            }
+            unsafe { store_strided(ov, base, lout.stride, &vout) };
+        }
+    });
+    Ok(())
+}
+
+fn topk_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => topk_k::<T>(ctx))
+}
+
+fn topk_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let (g, x, ind) = (req(inputs, 0)?, req(inputs, 1)?, req(inputs, 2)?);
+    let axis = normalize_axis(ctx.attrs.int("axis")?, x.rank())?;
+    let gaxis = axis.min(g.rank().saturating_sub(1));
+    let (lg, li) = (
+        Lanes::new(&g.shape, &g.strides, gaxis),
+        Lanes::new(&ind.shape, &ind.strides, gaxis),
+    );
+    let n = if x.rank() == 0 { 1 } else { x.shape[axis] };
+    // validate every index before writing anything
+    let idx = ind.contiguous::<i64>()?;
+    if let Some(bad) = idx.iter().find(|&&i| i < 0 || i as usize >= n) {
+        return Err(Error::invalid(format!(
+            "index {bad} in indices is out of range for axis {axis} of size {n}"
+        )));
+    }
+    let out = &mut ctx.outputs[0];
+    let lout = contiguous_lanes(&out.shape, axis);
+    let (pg, pi, o) = (in_ptr::<T>(g)?, in_ptr::<i64>(ind)?, out_ptr::<T>(out)?);
+    let k = lg.n;
+    if n == 0 || lout.count == 0 {
+        return Ok(());
+    }
+    parallel_for(pool, lout.count, lane_grain(n), |range| {
+        let mut gb = vec![T::C::ZERO; k];
+        let mut acc = vec![T::C::ZERO; n];
+        for lane in range {
+            acc.fill(T::C::ZERO);
+            if k > 0 {
+                // SAFETY: lanes come from the tensors' own shapes; indices validated above.
+                unsafe { load_strided(pg, lg.base(lane), lg.stride, &mut gb) };
+                let ib = li.base(lane);
+                for (j, &gv) in gb.iter().enumerate() {
+                    let i = unsafe { pi.get(ib + j as isize * li.stride) } as usize;
+                    acc[i] = acc[i].add(gv);
+                }
+            }
+            unsafe { store_strided(o, lout.base(lane), lout.stride, &acc) };
+        }
+    });
+    Ok(())
+}
+
+fn topk_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_numeric!(ctx.input(0).dtype, T => topk_backward_k::<T>(ctx))
+}
