@@ -1,0 +1,118 @@
+"""Conformance backend for XLA / JAX (``polyop.jax`` over ``libpolyop_xla.so``).
+
+Modes:
+
+- ``jit``: the op under ``jax.jit``.
+- ``vmap``: every present input stacked twice along a new leading axis, the op under
+  ``jax.jit(jax.vmap(...))``; both slices must be bitwise identical, slice 0 is returned.
+- ``eval_shape``: ``jax.eval_shape`` (abstract evaluation: kernel-core's shape inference via
+  ``polyop.infer``) must give exactly the shapes and dtypes of the jitted outputs, which the
+  harness then checks against the NumPy reference; the jitted outputs are returned.
+
+Gradients: ``jax.test_util.check_grads(order=1, modes=["rev"])`` in float64 over the float
+inputs (``jax_enable_x64`` is switched on when this module is imported). ``nonzero`` (a
+data-dependent output shape) is unsupported under XLA: static shapes only.
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+import polyop  # noqa: E402
+import polyop.jax as pj  # noqa: E402
+from polyop.conformance.harness import Backend, Case  # noqa: E402
+
+
+def _present(case: Case):
+    return [x for x in case.inputs if x is not None]
+
+
+def _fn(case: Case):
+    """f(*present_inputs) -> tuple of outputs."""
+    present = [x is not None for x in case.inputs]
+
+    def f(*xs):
+        it = iter(xs)
+        full = [next(it) if p else None for p in present]
+        out = pj.call(case.op, *full, **case.attrs)
+        return out if isinstance(out, tuple) else (out,)
+
+    return f
+
+
+class XlaBackend(Backend):
+    name = "xla"
+    modes = ("jit", "vmap", "eval_shape")
+    version = f"jax {jax.__version__}"
+
+    def unsupported(self, case: Case, mode: str) -> str | None:
+        info = polyop.op_info(case.op)
+        if info["flags"]["data_dependent_shape"]:
+            return "data-dependent output shape; XLA needs static shapes (refused at trace time)"
+        if info["flags"]["inplace"]:
+            return "in-place ops exist only on the torch surface"
+        if mode == "grad" and not info.get("backward"):
+            return "op has no gradient"
+        return None
+
+    def _jit(self, case: Case):
+        return [np.asarray(o) for o in jax.jit(_fn(case))(*[jnp.asarray(x) for x in _present(case)])]
+
+    def run(self, case: Case, mode: str) -> list[np.ndarray]:
+        f = _fn(case)
+        xs = [jnp.asarray(x) for x in _present(case)]
+        if mode == "jit":
+            return self._jit(case)
+        if mode == "vmap":
+            stacked = [jnp.stack([x, x]) for x in xs]
+            outs = jax.jit(jax.vmap(f))(*stacked)
+            res = []
+            for i, o in enumerate(outs):
+                o = np.asarray(o)
+                a, b = o[0], o[1]
+                if a.shape != b.shape or not np.array_equal(
+                    np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8)
+                ):
+                    raise AssertionError(f"vmap: output {i}: the two identical slices differ")
+                res.append(a)
+            return res
+        if mode == "eval_shape":
+            shapes = jax.eval_shape(f, *xs)
+            outs = self._jit(case)
+            got = [(tuple(s.shape), np.dtype(s.dtype).name) for s in shapes]
+            want = [(tuple(o.shape), o.dtype.name) for o in outs]
+            if got != want:
+                raise AssertionError(f"eval_shape gave {got}, the computation produced {want}")
+            return outs
+        raise ValueError(f"unknown mode {mode!r}")
+
+    def check_grad(self, case: Case) -> None:
+        present = [x for x in case.inputs if x is not None]
+        diff = [np.issubdtype(np.asarray(x).dtype, np.floating) for x in present]
+        f = _fn(case)
+        consts = [jnp.asarray(x) for x in present]
+
+        def g(*dx):
+            it = iter(dx)
+            args = [next(it) if d else c for c, d in zip(consts, diff)]
+            outs = f(*args)
+            return tuple(o for o in outs if jnp.issubdtype(o.dtype, jnp.inexact))
+
+        args = tuple(jnp.asarray(x, dtype=jnp.float64) for x, d in zip(present, diff) if d)
+        check_grads(g, args, order=1, modes=["rev"])
+
+    def error(self, case: Case, mode: str) -> BaseException:
+        try:
+            self.run(case, mode)
+        except Exception as e:  # noqa: BLE001
+            return e
+        raise AssertionError("no error was raised")
+
+
+BACKEND = XlaBackend()

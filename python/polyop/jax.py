@@ -1,0 +1,424 @@
+"""polyop ops as JAX functions, backed by the XLA typed-FFI targets in ``libpolyop_xla.so``.
+
+    import polyop.jax as pj
+    values, indices = jax.jit(lambda x: pj.topk(x, k=2))(x)
+    y = pj.rms_norm(x, weight=None, eps=1e-6)
+
+Every op of ``polyop.ops()`` (except torch-only in-place ops) becomes a function here,
+generated from its metadata; nothing in this file knows a particular op:
+
+- **targets**: ``load()`` (called on first use) loads ``polyop.library_path("xla")`` with
+  ctypes and registers ``polyop_<name>`` for every op with
+  ``jax.ffi.register_ffi_target(..., jax.ffi.pycapsule(lib.polyop_<name>), platform="cpu")``.
+- **shapes**: result shapes/dtypes come from kernel-core's shape inference through
+  ``polyop.infer`` (bad inputs therefore fail at trace time, with the kernel's message) and
+  become ``jax.ShapeDtypeStruct``s for ``jax.ffi.ffi_call``; so ``jax.jit`` and
+  ``jax.eval_shape`` work without running anything.
+- **attributes**: passed to the FFI call by name: ints as ``np.int64``, floats as
+  ``np.float64``, bools as ``np.bool_``, strings as ``str``, int/float lists as arrays.
+- **vmap**: a ``jax.custom_batching.custom_vmap`` rule chosen per call, see
+  :func:`vmap_strategy`: either "direct" (call the op once on the batched operands, the
+  batch axis being one more leading dim; unbatched operands are NOT broadcast) or
+  "sequential" (``lax.map`` over the batch). Attributes named ``axis``/``dim`` are normalised
+  to negative values (relative to the first tensor input) before the call, so a leading batch
+  axis never changes which axis they name.
+- **gradients**: ``jax.custom_vjp`` driven by ``polyop.op_info(name)["backward"]``: the
+  backward op (itself an FFI target) is called on the incoming gradients / forward inputs /
+  forward outputs it asks for, with the forward call's attributes taken by name. Gradients of
+  absent optional inputs are dropped, integer inputs get no (zero) cotangent, inputs the
+  backward op does not produce a gradient for get zero.
+- ``nonzero`` (data-dependent output shape) is refused at trace time: XLA needs static shapes.
+
+Enable float64 with ``jax.config.update("jax_enable_x64", True)`` as usual in JAX.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import custom_batching
+
+import polyop
+
+__all__ = ["load", "call", "vmap_strategy", "op_names"]
+
+_LOCK = threading.Lock()
+_LIB: ctypes.CDLL | None = None
+_INFOS: dict[str, dict] = {o["name"]: o for o in polyop.ops()}
+
+#: Names of the attributes that select an axis of the first tensor input; normalised to
+#: negative values so that vmap's leading batch axis leaves their meaning unchanged.
+AXIS_ATTRS = ("axis", "dim")
+
+#: Batch size used to probe shape inference when choosing a vmap strategy: a prime that no
+#: real dim is expected to equal, so broadcasting cannot line it up with a real dim by chance.
+_PROBE = 7919
+
+
+def op_names() -> list[str]:
+    """Ops available under JAX (every registered op except in-place ones)."""
+    return [n for n, o in _INFOS.items() if not o["flags"]["inplace"]]
+
+
+def load(path: str | None = None) -> ctypes.CDLL:
+    """Load ``libpolyop_xla.so`` and register one FFI target per op (idempotent)."""
+    global _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        lib = ctypes.cdll.LoadLibrary(path or polyop.library_path("xla"))
+        for name in op_names():
+            fn = getattr(lib, f"polyop_{name}", None)
+            if fn is None:
+                raise RuntimeError(
+                    f"polyop.{name}: libpolyop_xla.so exports no symbol polyop_{name}; "
+                    "rebuild it (cargo build --release -p polyop-xla)"
+                )
+            jax.ffi.register_ffi_target(f"polyop_{name}", jax.ffi.pycapsule(fn), platform="cpu")
+        _LIB = lib
+        return lib
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def _jnp_dtype(name: str):
+    if name == "bfloat16":
+        return jnp.dtype(ml_dtypes.bfloat16)
+    return jnp.dtype(name)
+
+
+def _hashable_attr(name: str, op: str, v: Any):
+    """Python attribute value -> hashable canonical form (type kept for the kernel's checks)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (list, tuple, np.ndarray)):
+        items = [_hashable_attr(name, op, x) for x in np.asarray(v).ravel().tolist()]
+        return tuple(items)
+    raise TypeError(
+        f"polyop.{op}: attribute `{name}` has unsupported type {type(v).__name__} "
+        "(expected int, float, bool, str or a list of ints/floats)"
+    )
+
+
+def _ffi_attr(v):
+    """Canonical attribute -> what ``jax.ffi.ffi_call`` lowers to the FFI attribute types."""
+    if isinstance(v, bool):
+        return np.bool_(v)
+    if isinstance(v, int):
+        return np.int64(v)
+    if isinstance(v, float):
+        return np.float64(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, tuple):
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return np.asarray(v, dtype=np.int64)
+        return np.asarray(v, dtype=np.float64)
+    raise TypeError(f"unsupported attribute value {v!r}")
+
+
+def _spec(x):
+    return None if x is None else (tuple(int(d) for d in x.shape), _dtype_name(x.dtype))
+
+
+def _infer(name: str, specs, attrs: dict):
+    return polyop.infer(name, list(specs), **attrs)
+
+
+def _normalize_axes(name: str, tensors, attrs: dict) -> dict:
+    """Make ``axis``/``dim`` attributes negative (relative to the first tensor input)."""
+    out = dict(attrs)
+    first = next((t for t in tensors if t is not None), None)
+    if first is None:
+        return out
+    rank = len(first.shape)
+    for a in AXIS_ATTRS:
+        v = out.get(a)
+        if isinstance(v, int) and not isinstance(v, bool) and rank > 0 and 0 <= v < rank:
+            out[a] = v - rank
+    return out
+
+
+def _refuse_data_dependent(name: str):
+    if _INFOS[name]["flags"]["data_dependent_shape"]:
+        raise NotImplementedError(
+            f"polyop.{name}: the output shape depends on the input values, which XLA/JAX "
+            "cannot express (static shapes only); use polyop.run (NumPy), torch, TensorFlow "
+            "or ONNX Runtime for this op"
+        )
+
+
+# ---------------------------------------------------------------------------- raw call
+
+
+def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs):
+    """One FFI call on present operands ``xs`` (absent ones must be trailing)."""
+    load()
+    full = iter(xs)
+    specs = [_spec(next(full)) if p else None for p in present]
+    out_specs = _infer(name, specs, attrs)
+    results = [jax.ShapeDtypeStruct(tuple(s), _jnp_dtype(d)) for s, d in out_specs]
+    fn = jax.ffi.ffi_call(f"polyop_{name}", results, vmap_method="sequential")
+    return tuple(fn(*xs, **{k: _ffi_attr(v) for k, v in attrs.items()}))
+
+
+def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
+    """How ``jax.vmap`` runs op ``name`` for per-example operand ``shapes`` (``None`` for an
+    absent optional; pairs ``(shape, dtype_name)``) of which ``batched`` are mapped:
+
+    - ``"direct"``: one call on the batched operands (batch axis = an extra leading dim,
+      unbatched operands passed as they are). Chosen when shape inference confirms that
+      prepending a batch dim to the batched operands prepends it to every output, the op's
+      ``axis``/``dim`` attributes are negative (see :data:`AXIS_ATTRS`) and the first input is
+      not a scalar when such an attribute exists. This holds for elementwise ops, broadcasting
+      ops whose batched operands already have the full rank, softmax/topk/rms_norm along a
+      non-batch axis, ...
+    - ``"sequential"``: ``lax.map`` over the batch (e.g. conv2d, whose input must be 4-D;
+      add with a lower-rank batched operand; rms_norm with a batched weight).
+
+    Assumption (documented in docs/xla.md): an op whose shapes behave batch-like under a new
+    leading dim also computes batch-like, unless an axis attribute says otherwise.
+    """
+    attrs = {k: _hashable_attr(k, name, v) for k, v in attrs.items()}
+    specs = [None if s is None else (tuple(s[0]), s[1]) for s in shapes]
+    return _strategy(name, tuple(specs), tuple(bool(b) for b in batched), tuple(sorted(attrs.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _strategy(name, specs, batched, attrs_key) -> str:
+    attrs = dict(attrs_key)
+    first = next((s for s in specs if s is not None), None)
+    for a in AXIS_ATTRS:
+        if a in attrs:
+            v = attrs[a]
+            if not isinstance(v, int) or v >= 0 or first is None or len(first[0]) == 0:
+                return "sequential"
+    try:
+        base = _infer(name, specs, attrs)
+        probed = _infer(
+            name,
+            [
+                None if s is None else (((_PROBE,) + tuple(s[0])) if b else tuple(s[0]), s[1])
+                for s, b in zip(specs, batched)
+            ],
+            attrs,
+        )
+    except Exception:
+        return "sequential"
+    want = [((_PROBE,) + tuple(s), d) for s, d in base]
+    got = [(tuple(s), d) for s, d in probed]
+    return "direct" if want == got else "sequential"
+
+
+# ---------------------------------------------------------------------------- op functions
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...]):
+    """The differentiable, batchable JAX function of the present operands of one op call."""
+    info = _INFOS[name]
+    attrs = dict(attrs_key)
+
+    @custom_batching.custom_vmap
+    def batched_call(*xs):
+        return _raw_call(name, attrs, present, xs)
+
+    @batched_call.def_vmap
+    def _vmap_rule(axis_size, in_batched, *xs):
+        in_batched = [bool(b) for b in in_batched]
+        per_example = [
+            ((tuple(x.shape[1:]) if b else tuple(x.shape)), _dtype_name(x.dtype))
+            for x, b in zip(xs, in_batched)
+        ]
+        full_specs = []
+        it = iter(per_example)
+        full_batched = []
+        itb = iter(in_batched)
+        for p in present:
+            full_specs.append(next(it) if p else None)
+            full_batched.append(next(itb) if p else False)
+        strategy = _strategy(name, tuple(full_specs), tuple(full_batched), attrs_key)
+        n_out = info["num_outputs"]
+        if strategy == "direct":
+            outs = batched_call(*xs)
+        else:
+            bx = [x for x, b in zip(xs, in_batched) if b]
+
+            def one(bs):
+                it2 = iter(bs)
+                return batched_call(*[next(it2) if b else x for x, b in zip(xs, in_batched)])
+
+            outs = jax.lax.map(one, bx)
+        return tuple(outs), (True,) * n_out
+
+    bwd_info = info.get("backward")
+
+    @jax.custom_vjp
+    def f(*xs):
+        return batched_call(*xs)
+
+    def f_fwd(*xs):
+        outs = batched_call(*xs)
+        return outs, (xs, outs)
+
+    def f_bwd(res, cts):
+        xs, outs = res
+        if not bwd_info:
+            raise NotImplementedError(f"polyop.{name}: this op has no gradient")
+        it = iter(xs)
+        full_inputs = [next(it) if p else None for p in present]
+        args = []
+        for kind, i in bwd_info["inputs"]:
+            if kind == "grad":
+                ct = cts[i]
+                if ct.dtype == jax.dtypes.float0:
+                    ct = jnp.zeros(outs[i].shape, outs[i].dtype)
+                args.append(ct)
+            elif kind == "input":
+                args.append(full_inputs[i])
+            elif kind == "output":
+                args.append(outs[i])
+            else:  # pragma: no cover - metadata contract
+                raise RuntimeError(f"polyop.{name}: unknown backward input kind {kind!r}")
+        bname = bwd_info["op"]
+        battr_names = {a["name"] for a in _INFOS[bname]["attrs"]}
+        battrs = {k: v for k, v in attrs.items() if k in battr_names}
+        grads = _apply(bname, args, battrs, normalize=False)
+        if not isinstance(grads, tuple):
+            grads = (grads,)
+        full_grads: list[Any] = [None] * len(present)
+        for j, fi in enumerate(bwd_info["outputs"]):
+            full_grads[fi] = grads[j]
+        out = []
+        for p, x, g in zip(present, full_inputs, full_grads):
+            if not p:
+                continue  # absent optional: its gradient (if the backward made one) is dropped
+            if not jnp.issubdtype(x.dtype, jnp.inexact):
+                out.append(None)  # integer inputs: no cotangent
+            elif g is None:
+                out.append(jnp.zeros_like(x))
+            else:
+                out.append(g)
+        return tuple(out)
+
+    f.defvjp(f_fwd, f_bwd)
+    return f
+
+
+def _apply(name: str, tensors, attrs: dict, normalize: bool = True):
+    _refuse_data_dependent(name)
+    info = _INFOS[name]
+    if info["flags"]["inplace"]:
+        raise NotImplementedError(
+            f"polyop.{name}: in-place ops exist only on the torch surface; use the "
+            "out-of-place op"
+        )
+    tensors = list(tensors)
+    n = info["num_inputs"]
+    if len(tensors) != n:
+        raise TypeError(f"polyop.{name}: expected {n} tensor input(s), got {len(tensors)}")
+    present = tuple(t is not None for t in tensors)
+    # XLA leaves absent optional operands out of the call, so they must be trailing.
+    last = max((i for i, p in enumerate(present) if p), default=-1)
+    for i in range(last):
+        if not present[i]:
+            if not info["inputs"][i]["optional"]:
+                raise TypeError(f"polyop.{name}: input `{info['inputs'][i]['name']}` is required")
+            raise ValueError(
+                f"polyop.{name}: absent optional input `{info['inputs'][i]['name']}` followed "
+                "by a present one cannot be expressed as an XLA call"
+            )
+    xs = [jnp.asarray(t) for t in tensors if t is not None]
+    canon = {k: _hashable_attr(k, name, v) for k, v in attrs.items()}
+    if normalize:
+        canon = _normalize_axes(name, xs, canon)
+    # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages.
+    _infer(name, [_spec(x) for x in _fill(xs, present)], canon)
+    outs = _op_fn(name, tuple(sorted(canon.items())), present)(*xs)
+    return outs[0] if info["num_outputs"] == 1 else tuple(outs)
+
+
+def _fill(xs, present):
+    it = iter(xs)
+    return [next(it) if p else None for p in present]
+
+
+def call(name: str, *tensors, **attrs):
+    """Call op ``name`` on tensors (``None`` for an absent optional) with attributes by name."""
+    if name not in _INFOS:
+        raise ValueError(f"polyop: unknown op {name!r} (known: {', '.join(op_names())})")
+    return _apply(name, tensors, attrs)
+
+
+def _make_op(name: str):
+    info = _INFOS[name]
+    schema_args = []
+    params = []
+    for a in info["inputs"]:
+        schema_args.append(("tensor", a["name"]))
+        params.append(
+            inspect.Parameter(
+                a["name"],
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=None if a["optional"] else inspect.Parameter.empty,
+            )
+        )
+    for a in info["attrs"]:
+        schema_args.append(("attr", a["name"]))
+        params.append(
+            inspect.Parameter(
+                a["name"],
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=inspect.Parameter.empty if a["required"] else a["default"],
+            )
+        )
+    # Schema order is tensors first for the stock ops; keep the order the schema declares when
+    # defaults allow it (Python requires non-default parameters first).
+    sig = inspect.Signature(_order(params))
+    tensor_names = [a["name"] for a in info["inputs"]]
+    attr_names = [a["name"] for a in info["attrs"]]
+
+    def op(*args, **kwargs):
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"polyop.{name}: {e}") from None
+        tensors = [bound.arguments.get(t) for t in tensor_names]
+        attrs = {a: bound.arguments[a] for a in attr_names if a in bound.arguments}
+        return _apply(name, tensors, attrs)
+
+    op.__name__ = name
+    op.__qualname__ = name
+    op.__signature__ = sig
+    op.__doc__ = f"{info['schema']}\n\n{info.get('doc', '')}\n\nJAX function over the XLA FFI target polyop_{name}."
+    return op
+
+
+def _order(params):
+    req = [p for p in params if p.default is inspect.Parameter.empty]
+    opt = [p for p in params if p.default is not inspect.Parameter.empty]
+    return req + opt
+
+
+for _name in op_names():
+    globals()[_name] = _make_op(_name)
+    __all__.append(_name)
