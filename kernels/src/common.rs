@@ -205,6 +205,11 @@ unsafe impl<T> Send for OutPtr<T> {}
 unsafe impl<T> Sync for OutPtr<T> {}
 
 impl<T> OutPtr<T> {
+    /// The raw pointer (a method, so closures capture the whole `Sync` wrapper).
+    #[inline(always)]
+    pub fn ptr(&self) -> *mut T {
+        self.0
+    }
     /// # Safety
     /// In bounds and not written by any other task concurrently.
     #[allow(clippy::mut_from_ref)]

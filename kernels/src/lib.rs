@@ -4,7 +4,9 @@ use kernel_core::{Registry, Result};
 use std::sync::OnceLock;
 
 pub(crate) mod common;
+pub mod conv;
 pub mod elementwise;
+pub mod nonzero;
 pub mod norm;
 pub mod softmax;
 pub mod topk;
@@ -21,6 +23,8 @@ fn build() -> Result<Registry> {
     softmax::register(&mut r)?;
     norm::register(&mut r)?;
     topk::register(&mut r)?;
+    conv::register(&mut r)?;
+    nonzero::register(&mut r)?;
     r.validate()?;
     Ok(r)
 }

@@ -188,7 +188,17 @@ pub fn run_views(
 ) -> Result<Vec<OwnedTensor>, Error> {
     let def = polyop_kernels::registry().lookup(op)?;
     let a = def.bind_attrs(attrs.iter().map(|(n, v)| (*n, v.clone())))?;
-    run_op(def, inputs, &a, pool)
+    // absent trailing optional inputs may be left out
+    let mut inputs = inputs.to_vec();
+    let optional = def
+        .schema
+        .tensor_args()
+        .skip(inputs.len())
+        .all(|a| a.ty == kernel_core::ArgType::OptionalTensor);
+    if optional {
+        inputs.resize(def.num_inputs().max(inputs.len()), None);
+    }
+    run_op(def, &inputs, &a, pool)
 }
 
 /// Run `op` on owned tensors (None = absent optional input), serially.

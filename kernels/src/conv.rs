@@ -1,0 +1,491 @@
+//! conv2d (NCHW input, OIHW weight, zero padding, stride; no dilation or groups) and its
+//! backward, through im2col + `gemm`.
+//!
+//! Half types are converted to f32 first (one rounding at the end). Work is split into fixed
+//! tasks whose boundaries depend only on the problem size (forward: batch x blocks of output
+//! positions; weight gradient: blocks of im2col rows, summing the batch in order; input
+//! gradient: batch x input channel), and every `gemm` call runs with `Parallelism::None`, so
+//! results do not depend on the thread count.
+
+use crate::common::{fmt_dims, in_ptr, with_float, Num, OutPtr, Real, Scalar};
+use crate::elementwise::req;
+use gemm::{gemm, Parallelism};
+use kernel_core::{
+    parallel_for, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
+    TensorRef,
+};
+
+pub fn register(r: &mut Registry) -> Result<()> {
+    r.register(
+        OpDef::builder(
+            "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> Tensor",
+        )
+        .doc("2-D convolution, NCHW input, OIHW weight, zero padding, no dilation/groups")
+        .infer(conv2d_infer)
+        .cpu(conv2d_cpu)
+        .backward(
+            "conv2d_backward",
+            &[
+                BwdInput::Grad(0),
+                BwdInput::Input(0),
+                BwdInput::Input(1),
+                BwdInput::Input(2),
+            ],
+            &[0, 1, 2],
+        )
+        .build()?,
+    )?;
+    r.register(
+        OpDef::builder(
+            "conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        )
+        .doc("gradients of conv2d for input, weight and bias (grad_bias is [O] even without a bias)")
+        .infer(conv2d_backward_infer)
+        .cpu(conv2d_backward_cpu)
+        .backward_only()
+        .build()?,
+    )?;
+    Ok(())
+}
+
+/// The output shape of conv2d from (possibly unknown) input/weight/bias dims; validates
+/// attributes and shapes.
+fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>> {
+    let stride = ctx.attrs.int("stride")?;
+    let padding = ctx.attrs.int("padding")?;
+    if stride < 1 {
+        return Err(Error::invalid(format!("stride must be >= 1, got {stride}")));
+    }
+    if padding < 0 {
+        return Err(Error::invalid(format!(
+            "padding must be >= 0, got {padding}"
+        )));
+    }
+    let (s, p) = (stride as usize, padding as usize);
+    let unknown = vec![None; 4];
+    let x = ctx.dims(xi).map(<[Dim]>::to_vec);
+    let w = ctx.dims(wi).map(<[Dim]>::to_vec);
+    if let Some(x) = &x {
+        if x.len() != 4 {
+            return Err(Error::invalid(format!(
+                "input must be 4-D (N, C, H, W), got shape {}",
+                fmt_dims(x)
+            )));
+        }
+    }
+    if let Some(w) = &w {
+        if w.len() != 4 {
+            return Err(Error::invalid(format!(
+                "weight must be 4-D (O, C, KH, KW), got shape {}",
+                fmt_dims(w)
+            )));
+        }
+    }
+    let x = x.unwrap_or_else(|| unknown.clone());
+    let w = w.unwrap_or(unknown);
+    if let (Some(c), Some(wc)) = (x[1], w[1]) {
+        if c != wc {
+            return Err(Error::invalid(format!(
+                "input has {c} channels but weight expects {wc}"
+            )));
+        }
+    }
+    if let Some(b) = ctx.input_opt(bi).and_then(|b| b.shape.as_deref()) {
+        let ok = b.len() == 1 && (b[0].is_none() || w[0].is_none() || b[0] == w[0]);
+        if !ok {
+            let want = w[0].map_or("[O]".to_string(), |o| format!("[{o}]"));
+            return Err(Error::invalid(format!(
+                "bias must have shape {want} (the output channels of weight), got {}",
+                fmt_dims(b)
+            )));
+        }
+    }
+    let spatial = |i: usize| -> Result<Dim> {
+        match (x[i], w[i]) {
+            (Some(h), Some(k)) => {
+                if h + 2 * p < k {
+                    Err(Error::invalid(format!(
+                        "kernel size {}x{} is larger than the padded input {}x{} (input {}x{} with padding {p})",
+                        w[2].map_or("?".into(), |v| v.to_string()),
+                        w[3].map_or("?".into(), |v| v.to_string()),
+                        x[2].map_or("?".into(), |v| (v + 2 * p).to_string()),
+                        x[3].map_or("?".into(), |v| (v + 2 * p).to_string()),
+                        x[2].map_or("?".into(), |v| v.to_string()),
+                        x[3].map_or("?".into(), |v| v.to_string()),
+                    )))
+                } else {
+                    Ok(Some((h + 2 * p - k) / s + 1))
+                }
+            }
+            _ => Ok(None),
+        }
+    };
+    Ok(vec![x[0], w[0], spatial(2)?, spatial(3)?])
+}
+
+fn conv2d_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    Ok(vec![Some(conv_out(ctx, 0, 1, 2)?)])
+}
+
+fn conv2d_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+    let out = conv_out(ctx, 1, 2, 3)?;
+    if !crate::common::dims_compatible(Some(&out), ctx.dims(0)) {
+        return Err(Error::invalid(format!(
+            "grad has shape {} but the conv2d output has shape {}",
+            fmt_dims(ctx.dims(0).unwrap_or_default()),
+            fmt_dims(&out)
+        )));
+    }
+    let o = ctx.dims(2).and_then(|w| w.first().copied().flatten());
+    Ok(vec![
+        ctx.input(1).shape.clone(),
+        ctx.input(2).shape.clone(),
+        Some(vec![o]),
+    ])
+}
+
+/// Problem geometry.
+#[derive(Clone, Copy)]
+struct Geom {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    o: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+    s: usize,
+    p: usize,
+}
+
+impl Geom {
+    fn new(x: &TensorRef, wt: &TensorRef, s: usize, p: usize) -> Geom {
+        let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let (o, kh, kw) = (wt.shape[0], wt.shape[2], wt.shape[3]);
+        Geom {
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            oh: (h + 2 * p - kh) / s + 1,
+            ow: (w + 2 * p - kw) / s + 1,
+            s,
+            p,
+        }
+    }
+    /// Output positions per image.
+    fn positions(&self) -> usize {
+        self.oh * self.ow
+    }
+    /// im2col rows: C * KH * KW.
+    fn ckk(&self) -> usize {
+        self.c * self.kh * self.kw
+    }
+
+    /// Fill `col` (`rows.len() x (p1 - p0)`, row-major) with im2col rows `rows` of image `img`
+    /// for output positions `p0..p1`.
+    fn im2col<C: Num>(
+        &self,
+        x: &[C],
+        img: usize,
+        rows: std::ops::Range<usize>,
+        p0: usize,
+        p1: usize,
+        col: &mut [C],
+    ) {
+        let width = p1 - p0;
+        let kk = self.kh * self.kw;
+        let plane = self.h * self.w;
+        for (ri, r) in rows.enumerate() {
+            let (ch, ki, kj) = (r / kk, (r % kk) / self.kw, r % self.kw);
+            let src = &x[(img * self.c + ch) * plane..(img * self.c + ch + 1) * plane];
+            let dst = &mut col[ri * width..(ri + 1) * width];
+            let (mut oh, mut ow) = (p0 / self.ow, p0 % self.ow);
+            for d in dst.iter_mut() {
+                let ih = (oh * self.s + ki) as isize - self.p as isize;
+                let iw = (ow * self.s + kj) as isize - self.p as isize;
+                *d = if ih >= 0 && iw >= 0 && (ih as usize) < self.h && (iw as usize) < self.w {
+                    src[ih as usize * self.w + iw as usize]
+                } else {
+                    C::ZERO
+                };
+                ow += 1;
+                if ow == self.ow {
+                    ow = 0;
+                    oh += 1;
+                }
+            }
+        }
+    }
+}
+
+/// A tensor's values in row-major order, in the compute type.
+fn to_c<T: Scalar>(t: &TensorRef) -> Result<Vec<T::C>> {
+    let v = t.contiguous::<T>()?;
+    let mut out = vec![T::C::ZERO; v.len()];
+    T::load(&v, &mut out);
+    Ok(out)
+}
+
+/// `dst (m x n) = [dst +] lhs (m x k) * rhs (k x n)`, strides in elements (row stride, column
+/// stride), single-threaded.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm<C: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut C,
+    dst_rs: isize,
+    dst_cs: isize,
+    accumulate: bool,
+    lhs: *const C,
+    lhs_rs: isize,
+    lhs_cs: isize,
+    rhs: *const C,
+    rhs_rs: isize,
+    rhs_cs: isize,
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs,
+            dst_rs,
+            accumulate,
+            lhs,
+            lhs_cs,
+            lhs_rs,
+            rhs,
+            rhs_cs,
+            rhs_rs,
+            C::ONE,
+            C::ONE,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        )
+    }
+}
+
+/// Output positions per forward task.
+fn pos_block(ckk: usize) -> usize {
+    ((1usize << 16) / ckk.max(1)).clamp(64, 1024)
+}
+
+fn conv2d_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let (x, wt) = (req(inputs, 0)?, req(inputs, 1)?);
+    let bias = inputs.get(2).and_then(Option::as_ref);
+    let s = ctx.attrs.int("stride")? as usize;
+    let p = ctx.attrs.int("padding")? as usize;
+    let g = Geom::new(x, wt, s, p);
+    in_ptr::<T>(x)?;
+    let out = ctx.outputs[0].as_mut_slice::<T>()?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let xc = to_c::<T>(x)?;
+    let wc = to_c::<T>(wt)?;
+    let bc = match bias {
+        Some(b) => to_c::<T>(b)?,
+        None => vec![T::C::ZERO; g.o],
+    };
+    let (ckk, pos) = (g.ckk(), g.positions());
+    let mut res = vec![T::C::ZERO; out.len()];
+    let rp = OutPtr(res.as_mut_ptr());
+    let pb = pos_block(ckk);
+    let blocks = pos.div_ceil(pb);
+    parallel_for(pool, g.n * blocks, 1, |range| {
+        let mut col = vec![T::C::ZERO; ckk * pb];
+        for t in range {
+            let (img, b) = (t / blocks, t % blocks);
+            let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
+            let width = p1 - p0;
+            g.im2col(&xc, img, 0..ckk, p0, p1, &mut col[..ckk * width]);
+            // SAFETY: this task owns out[img, :, p0..p1].
+            let dst = unsafe { rp.ptr().add(img * g.o * pos + p0) };
+            for (oc, &bv) in bc.iter().enumerate() {
+                for j in 0..width {
+                    unsafe { *dst.add(oc * pos + j) = bv };
+                }
+            }
+            unsafe {
+                mm(
+                    g.o,
+                    width,
+                    ckk,
+                    dst,
+                    pos as isize,
+                    1,
+                    true,
+                    wc.as_ptr(),
+                    ckk as isize,
+                    1,
+                    col.as_ptr(),
+                    width as isize,
+                    1,
+                )
+            };
+        }
+    });
+    T::store(&res, out);
+    Ok(())
+}
+
+fn conv2d_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => conv2d_k::<T>(ctx))
+}
+
+fn conv2d_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: Real,
+{
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let (gr, x, wt) = (req(inputs, 0)?, req(inputs, 1)?, req(inputs, 2)?);
+    let s = ctx.attrs.int("stride")? as usize;
+    let p = ctx.attrs.int("padding")? as usize;
+    let g = Geom::new(x, wt, s, p);
+    in_ptr::<T>(gr)?;
+    let gc = to_c::<T>(gr)?;
+    let xc = to_c::<T>(x)?;
+    let wc = to_c::<T>(wt)?;
+    let (ckk, pos, kk) = (g.ckk(), g.positions(), g.kh * g.kw);
+
+    // grad_bias[o] = sum over images and positions, in order
+    let mut gb = vec![T::C::ZERO; g.o];
+    {
+        let bp = OutPtr(gb.as_mut_ptr());
+        parallel_for(
+            pool,
+            g.o,
+            (crate::common::GRAIN / (g.n * pos).max(1)).max(1),
+            |range| {
+                for oc in range {
+                    let mut acc = T::C::ZERO;
+                    for img in 0..g.n {
+                        for &v in &gc[(img * g.o + oc) * pos..(img * g.o + oc + 1) * pos] {
+                            acc = acc + v;
+                        }
+                    }
+                    // SAFETY: one task per output channel.
+                    unsafe { bp.write(oc as isize, acc) };
+                }
+            },
+        );
+    }
+
+    // grad_weight [O, CKK] = sum_img grad[img] (O x P) * col[img]^T (P x CKK)
+    let mut gw = vec![T::C::ZERO; g.o * ckk];
+    {
+        let wp = OutPtr(gw.as_mut_ptr());
+        let rb = 16usize;
+        let row_blocks = ckk.div_ceil(rb);
+        parallel_for(pool, row_blocks, 1, |range| {
+            let mut col = vec![T::C::ZERO; rb * pos];
+            for b in range {
+                let (r0, r1) = (b * rb, ((b + 1) * rb).min(ckk));
+                let rows = r1 - r0;
+                for img in 0..g.n {
+                    g.im2col(&xc, img, r0..r1, 0, pos, &mut col[..rows * pos]);
+                    // SAFETY: this task owns columns r0..r1 of grad_weight.
+                    unsafe {
+                        mm(
+                            g.o,
+                            rows,
+                            pos,
+                            wp.ptr().add(r0),
+                            ckk as isize,
+                            1,
+                            true,
+                            gc.as_ptr().add(img * g.o * pos),
+                            pos as isize,
+                            1,
+                            col.as_ptr(),
+                            1,
+                            pos as isize,
+                        )
+                    };
+                }
+            }
+        });
+    }
+
+    // grad_input[img, c] = col2im(W[:, c]^T (KK x O) * grad[img] (O x P))
+    let mut gi = vec![T::C::ZERO; g.n * g.c * g.h * g.w];
+    {
+        let ip = OutPtr(gi.as_mut_ptr());
+        let plane = g.h * g.w;
+        parallel_for(pool, g.n * g.c, 1, |range| {
+            let mut dcol = vec![T::C::ZERO; kk * pos];
+            for t in range {
+                let (img, ch) = (t / g.c, t % g.c);
+                if kk == 0 || pos == 0 {
+                    continue;
+                }
+                dcol.fill(T::C::ZERO);
+                // SAFETY: reads within wc/gc; dcol is task-local.
+                unsafe {
+                    mm(
+                        kk,
+                        pos,
+                        g.o,
+                        dcol.as_mut_ptr(),
+                        pos as isize,
+                        1,
+                        false,
+                        wc.as_ptr().add(ch * kk),
+                        1,
+                        ckk as isize,
+                        gc.as_ptr().add(img * g.o * pos),
+                        pos as isize,
+                        1,
+                    )
+                };
+                // SAFETY: this task owns grad_input[img, ch].
+                let dst = unsafe { ip.slice((img * g.c + ch) * plane, plane) };
+                for i in 0..kk {
+                    let (ki, kj) = (i / g.kw, i % g.kw);
+                    for oh in 0..g.oh {
+                        let ih = (oh * g.s + ki) as isize - g.p as isize;
+                        if ih < 0 || ih as usize >= g.h {
+                            continue;
+                        }
+                        for ow in 0..g.ow {
+                            let iw = (ow * g.s + kj) as isize - g.p as isize;
+                            if iw < 0 || iw as usize >= g.w {
+                                continue;
+                            }
+                            let d = &mut dst[ih as usize * g.w + iw as usize];
+                            *d = *d + dcol[i * pos + oh * g.ow + ow];
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    let (o0, rest) = ctx.outputs.split_at_mut(1);
+    let (o1, o2) = rest.split_at_mut(1);
+    T::store(&gi, o0[0].as_mut_slice::<T>()?);
+    T::store(&gw, o1[0].as_mut_slice::<T>()?);
+    T::store(&gb, o2[0].as_mut_slice::<T>()?);
+    Ok(())
+}
+
+fn conv2d_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
+    with_float!(ctx.input(0).dtype, T => conv2d_backward_k::<T>(ctx))
+}

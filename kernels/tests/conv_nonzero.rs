@@ -1,0 +1,504 @@
+//! conv2d (+ backward) and nonzero against naive references.
+
+mod util;
+
+use kernel_core::{DType, SerialPool, TensorSpec};
+use util::*;
+
+/// Naive direct convolution in f64.
+#[allow(clippy::too_many_arguments)]
+fn conv_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    b: Option<&[f64]>,
+    s: usize,
+    p: usize,
+) -> (Vec<f64>, Vec<usize>) {
+    let [n, c, h, wd] = xs;
+    let [o, _, kh, kw] = ws;
+    let oh = (h + 2 * p - kh) / s + 1;
+    let ow = (wd + 2 * p - kw) / s + 1;
+    let mut out = vec![0.0; n * o * oh * ow];
+    for ni in 0..n {
+        for oi in 0..o {
+            for y in 0..oh {
+                for xq in 0..ow {
+                    let mut acc = b.map_or(0.0, |b| b[oi]);
+                    for ci in 0..c {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let ih = (y * s + i) as isize - p as isize;
+                                let iw = (xq * s + j) as isize - p as isize;
+                                if ih < 0 || iw < 0 || ih as usize >= h || iw as usize >= wd {
+                                    continue;
+                                }
+                                acc += x[((ni * c + ci) * h + ih as usize) * wd + iw as usize]
+                                    * w[((oi * c + ci) * kh + i) * kw + j];
+                            }
+                        }
+                    }
+                    out[((ni * o + oi) * oh + y) * ow + xq] = acc;
+                }
+            }
+        }
+    }
+    (out, vec![n, o, oh, ow])
+}
+
+#[test]
+fn conv2d_hand_worked() {
+    let x = f64t(&(1..=9).map(f64::from).collect::<Vec<_>>(), &[1, 1, 3, 3]);
+    let w = f64t(&[1.0; 4], &[1, 1, 2, 2]);
+    let r = run_ok("conv2d", &[&x, &w], &[]);
+    assert_eq!(r[0].shape, vec![1, 1, 2, 2]);
+    assert_eq!(vals(&r[0]), vec![12.0, 16.0, 24.0, 28.0]);
+    let b = f64t(&[1.0], &[1]);
+    let r = run_ok("conv2d", &[&x, &w, &b], &[]);
+    assert_eq!(vals(&r[0]), vec![13.0, 17.0, 25.0, 29.0]);
+    // padding 1, stride 2: windows at (-1,-1), (-1,1), (1,-1), (1,1)
+    let r = run_ok(
+        "conv2d",
+        &[&x, &w],
+        &[("stride", int(2)), ("padding", int(1))],
+    );
+    assert_eq!(r[0].shape, vec![1, 1, 2, 2]);
+    assert_eq!(vals(&r[0]), vec![1.0, 5.0, 11.0, 28.0]);
+}
+
+#[test]
+fn conv2d_reference_every_dtype_strided() {
+    let mut rng = XRng::new(3);
+    let xs = [2usize, 3, 5, 6];
+    let ws = [4usize, 3, 3, 2];
+    let xv = rng.vec(180, -1.0, 1.0);
+    let wv = rng.vec(72, -1.0, 1.0);
+    let bv = rng.vec(4, -1.0, 1.0);
+    for dt in FLOAT {
+        let (x, w, b) = (
+            tensor(&xv, &xs, dt),
+            tensor(&wv, &ws, dt),
+            tensor(&bv, &[4], dt),
+        );
+        let (xr, wr, br) = (rounded(&xv, dt), rounded(&wv, dt), rounded(&bv, dt));
+        let (sx, sw) = (Strided::new(&x), Strided::new(&w));
+        for s in [1usize, 2, 3] {
+            for p in [0usize, 1, 2] {
+                for with_bias in [false, true] {
+                    let attrs = [("stride", int(s as i64)), ("padding", int(p as i64))];
+                    let (want, shape) =
+                        conv_ref(&xr, xs, &wr, ws, with_bias.then_some(br.as_slice()), s, p);
+                    let bopt = with_bias.then_some(&b);
+                    let got = run("conv2d", &[Some(&x), Some(&w), bopt], &attrs).unwrap();
+                    assert_eq!(got[0].shape, shape);
+                    let t = if dt == DType::F32 {
+                        1e-5
+                    } else {
+                        tol(dt) * 4.0
+                    };
+                    assert_close_tol(&vals(&got[0]), &want, t, &format!("conv2d {dt} s{s} p{p}"));
+                    let gs = run_views(
+                        "conv2d",
+                        &[Some(sx.view()), Some(sw.view()), bopt.map(|b| b.view())],
+                        &attrs,
+                        &SerialPool,
+                    )
+                    .unwrap();
+                    assert_bitwise(&got, &gs, "conv2d strided");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn conv2d_large_blocks_and_threads() {
+    let mut rng = XRng::new(4);
+    let xs = [2usize, 3, 40, 41];
+    let ws = [5usize, 3, 3, 3];
+    let xv = rng.vec(xs.iter().product(), -1.0, 1.0);
+    let wv = rng.vec(ws.iter().product(), -1.0, 1.0);
+    let bv = rng.vec(5, -1.0, 1.0);
+    let (x, w, b) = (f64t(&xv, &xs), f64t(&wv, &ws), f64t(&bv, &[5]));
+    let got = run_ok("conv2d", &[&x, &w, &b], &[("padding", int(1))]);
+    let (want, shape) = conv_ref(&xv, xs, &wv, ws, Some(&bv), 1, 1);
+    assert_eq!(got[0].shape, shape);
+    assert_close(&vals(&got[0]), &want, DType::F64, "conv2d large");
+    let x32 = tensor(&xv, &xs, DType::F32);
+    let w32 = tensor(&wv, &ws, DType::F32);
+    let b32 = tensor(&bv, &[5], DType::F32);
+    assert_thread_independent(
+        "conv2d",
+        &[Some(&x32), Some(&w32), Some(&b32)],
+        &[("padding", int(1))],
+    );
+    let g = tensor(
+        &rng.vec(2 * 5 * 40 * 41, -1.0, 1.0),
+        &[2, 5, 40, 41],
+        DType::F32,
+    );
+    assert_thread_independent(
+        "conv2d_backward",
+        &[Some(&g), Some(&x32), Some(&w32), Some(&b32)],
+        &[("padding", int(1))],
+    );
+    let gh = tensor(
+        &rng.vec(2 * 5 * 20 * 21, -1.0, 1.0),
+        &[2, 5, 20, 21],
+        DType::BF16,
+    );
+    let xh = tensor(&xv, &xs, DType::BF16);
+    let wh = tensor(&wv, &ws, DType::BF16);
+    assert_thread_independent(
+        "conv2d_backward",
+        &[Some(&gh), Some(&xh), Some(&wh), None],
+        &[("stride", int(2)), ("padding", int(1))],
+    );
+}
+
+#[test]
+fn conv2d_empty_and_degenerate() {
+    let w = f64t(&[1.0; 2 * 3 * 2 * 2], &[2, 3, 2, 2]);
+    let x = f64t(&[], &[0, 3, 4, 4]);
+    assert_eq!(run_ok("conv2d", &[&x, &w], &[])[0].shape, vec![0, 2, 3, 3]);
+    // zero input channels: output is the bias
+    let x0 = f64t(&[], &[1, 0, 3, 3]);
+    let w0 = f64t(&[], &[2, 0, 2, 2]);
+    let b = f64t(&[0.5, -1.0], &[2]);
+    let r = run_ok("conv2d", &[&x0, &w0, &b], &[]);
+    assert_eq!(r[0].shape, vec![1, 2, 2, 2]);
+    assert_eq!(
+        vals(&r[0]),
+        vec![0.5, 0.5, 0.5, 0.5, -1.0, -1.0, -1.0, -1.0]
+    );
+    // zero output channels
+    let wo = f64t(&[], &[0, 3, 2, 2]);
+    let x1 = f64t(&[1.0; 3 * 16], &[1, 3, 4, 4]);
+    assert_eq!(
+        run_ok("conv2d", &[&x1, &wo], &[])[0].shape,
+        vec![1, 0, 3, 3]
+    );
+    // backward with zero images: grad_weight and grad_bias are zero
+    let g = f64t(&[], &[0, 2, 3, 3]);
+    let r = run(
+        "conv2d_backward",
+        &[Some(&g), Some(&x), Some(&w), None],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(r[0].shape, vec![0, 3, 4, 4]);
+    assert_eq!(vals(&r[1]), vec![0.0; 24]);
+    assert_eq!(vals(&r[2]), vec![0.0; 2]);
+}
+
+#[test]
+fn conv2d_errors_and_shape_inference() {
+    let x = f64t(&[0.0; 48], &[1, 3, 4, 4]);
+    let w4 = f64t(&[0.0; 2 * 4 * 9], &[2, 4, 3, 3]);
+    let w = f64t(&[0.0; 2 * 3 * 9], &[2, 3, 3, 3]);
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w4), None],
+        &[],
+        "input has 3 channels but weight expects 4",
+    );
+    assert_err_contains(
+        "conv2d",
+        &[Some(&f64t(&[0.0; 12], &[3, 4])), Some(&w), None],
+        &[],
+        "input must be 4-D (N, C, H, W), got shape [3, 4]",
+    );
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&f64t(&[0.0; 6], &[2, 3])), None],
+        &[],
+        "weight must be 4-D (O, C, KH, KW), got shape [2, 3]",
+    );
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w), Some(&f64t(&[0.0; 3], &[3]))],
+        &[],
+        "bias must have shape [2] (the output channels of weight), got [3]",
+    );
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w), None],
+        &[("stride", int(0))],
+        "stride must be >= 1, got 0",
+    );
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w), None],
+        &[("padding", int(-1))],
+        "padding must be >= 0, got -1",
+    );
+    let w5 = f64t(&[0.0; 2 * 3 * 25], &[2, 3, 5, 5]);
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w5), None],
+        &[],
+        "kernel size 5x5 is larger than the padded input 4x4",
+    );
+    let xi = tensor(&[0.0; 48], &[1, 3, 4, 4], DType::I32);
+    let wi = tensor(&[0.0; 54], &[2, 3, 3, 3], DType::I32);
+    assert_err_contains(
+        "conv2d",
+        &[Some(&xi), Some(&wi), None],
+        &[],
+        "unsupported dtype int32",
+    );
+    let w32 = tensor(&[0.0; 54], &[2, 3, 3, 3], DType::F32);
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w32), None],
+        &[],
+        "dtype mismatch",
+    );
+    let g = f64t(&[0.0; 18], &[1, 2, 3, 3]);
+    assert_err_contains(
+        "conv2d_backward",
+        &[Some(&g), Some(&x), Some(&w), None],
+        &[],
+        "grad has shape [1, 2, 3, 3] but the conv2d output has shape [1, 2, 2, 2]",
+    );
+    // still works afterwards
+    assert_eq!(
+        run("conv2d", &[Some(&x), Some(&w), None], &[]).unwrap()[0].shape,
+        vec![1, 2, 2, 2]
+    );
+
+    let op = polyop_kernels::registry().lookup("conv2d").unwrap();
+    let a = op
+        .bind_attrs([("stride", int(2)), ("padding", int(1))])
+        .unwrap();
+    let spec = |d: Vec<Option<usize>>| Some(TensorSpec::with_dims(DType::F32, d));
+    let s = op
+        .infer(
+            &[
+                spec(vec![None, Some(3), Some(9), None]),
+                spec(vec![Some(8), Some(3), Some(3), Some(3)]),
+                None,
+            ],
+            &a,
+        )
+        .unwrap();
+    assert_eq!(s[0].shape, Some(vec![None, Some(8), Some(5), None]));
+    let s = op
+        .infer(
+            &[
+                Some(TensorSpec::unknown_rank(DType::F32)),
+                spec(vec![Some(8), None, Some(3), Some(3)]),
+                None,
+            ],
+            &a,
+        )
+        .unwrap();
+    assert_eq!(s[0].shape, Some(vec![None, Some(8), None, None]));
+    let e = op
+        .infer(
+            &[
+                spec(vec![None, Some(3), None, None]),
+                spec(vec![None, Some(4), None, None]),
+                None,
+            ],
+            &a,
+        )
+        .unwrap_err();
+    assert!(e
+        .to_string()
+        .contains("input has 3 channels but weight expects 4"));
+    let ob = polyop_kernels::registry()
+        .lookup("conv2d_backward")
+        .unwrap();
+    let s = ob
+        .infer(
+            &[
+                spec(vec![None; 4]),
+                spec(vec![None, Some(3), None, None]),
+                spec(vec![Some(8), Some(3), Some(3), Some(3)]),
+                None,
+            ],
+            &a,
+        )
+        .unwrap();
+    assert_eq!(s[2].shape, Some(vec![Some(8)]));
+}
+
+#[test]
+fn conv2d_gradients() {
+    let mut rng = XRng::new(7);
+    let x = f64t(&rng.vec(2 * 2 * 5 * 4, -1.0, 1.0), &[2, 2, 5, 4]);
+    let w = f64t(&rng.vec(3 * 2 * 3 * 2, -1.0, 1.0), &[3, 2, 3, 2]);
+    let b = f64t(&rng.vec(3, -1.0, 1.0), &[3]);
+    grad_check("conv2d", &[Some(&x), Some(&w), Some(&b)], &[], 1);
+    grad_check(
+        "conv2d",
+        &[Some(&x), Some(&w), Some(&b)],
+        &[("stride", int(2)), ("padding", int(1))],
+        2,
+    );
+    grad_check(
+        "conv2d",
+        &[Some(&x), Some(&w), None],
+        &[("stride", int(3)), ("padding", int(2))],
+        3,
+    );
+}
+
+// ------------------------------------------------------------------------------ nonzero
+
+fn argwhere(v: &[f64], shape: &[usize]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for (flat, &x) in v.iter().enumerate() {
+        if x != 0.0 {
+            out.extend(unravel(flat, shape).into_iter().map(|i| i as f64));
+        }
+    }
+    out
+}
+
+#[test]
+fn nonzero_hand_and_reference() {
+    for dt in NUMERIC {
+        let x = tensor(&[0.0, 1.0, 2.0, 0.0], &[2, 2], dt);
+        let r = run_ok("nonzero", &[&x], &[]);
+        assert_eq!(r[0].dtype, DType::I64);
+        assert_eq!(r[0].shape, vec![2, 2]);
+        assert_eq!(r[0].as_slice::<i64>().unwrap(), &[0, 1, 1, 0]);
+    }
+    let x = f64t(&[f64::NAN, -0.0, 0.0, 3.0], &[4]);
+    let r = run_ok("nonzero", &[&x], &[]);
+    assert_eq!(r[0].shape, vec![2, 1]);
+    assert_eq!(r[0].as_slice::<i64>().unwrap(), &[0, 3]);
+    let h = tensor(&[-0.0, 1.0], &[2], DType::F16);
+    assert_eq!(run_ok("nonzero", &[&h], &[])[0].shape, vec![1, 1]);
+    // rank 0
+    assert_eq!(
+        run_ok("nonzero", &[&f64t(&[2.0], &[])], &[])[0].shape,
+        vec![1, 0]
+    );
+    assert_eq!(
+        run_ok("nonzero", &[&f64t(&[0.0], &[])], &[])[0].shape,
+        vec![0, 0]
+    );
+    // empty
+    assert_eq!(
+        run_ok("nonzero", &[&f64t(&[], &[3, 0, 2])], &[])[0].shape,
+        vec![0, 3]
+    );
+    // all zero
+    assert_eq!(
+        run_ok("nonzero", &[&f64t(&[0.0; 6], &[2, 3])], &[])[0].shape,
+        vec![0, 2]
+    );
+    let mut rng = XRng::new(17);
+    for dt in NUMERIC {
+        let shape = [3usize, 4, 5];
+        let v = rng.ints(60, -1, 1);
+        let t = tensor(&v, &shape, dt);
+        let got = run_ok("nonzero", &[&t], &[]);
+        let want = argwhere(&v, &shape);
+        assert_eq!(got[0].shape, vec![want.len() / 3, 3]);
+        assert_eq!(vals(&got[0]), want);
+        let st = Strided::new(&t);
+        let gs = run_views("nonzero", &[Some(st.view())], &[], &SerialPool).unwrap();
+        assert_bitwise(&got, &gs, "nonzero strided");
+    }
+}
+
+#[test]
+fn nonzero_large_threads_and_metadata() {
+    let mut rng = XRng::new(23);
+    let shape = [70usize, 50, 30];
+    let v: Vec<f64> = (0..shape.iter().product::<usize>())
+        .map(|_| {
+            if rng.uniform(0.0, 1.0) < 0.3 {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let t = tensor(&v, &shape, DType::I32);
+    let got = run_ok("nonzero", &[&t], &[]);
+    assert_eq!(vals(&got[0]), argwhere(&v, &shape));
+    assert_thread_independent("nonzero", &[Some(&t)], &[]);
+    let op = polyop_kernels::registry().lookup("nonzero").unwrap();
+    assert!(op.flags.data_dependent_shape);
+    assert!(op.backward.is_none());
+    assert_eq!(op.onnx_op_type(), "NonZero");
+    let a = op.bind_attrs([]).unwrap();
+    let s = op
+        .infer(
+            &[Some(TensorSpec::with_dims(
+                DType::F32,
+                vec![None, Some(2), None],
+            ))],
+            &a,
+        )
+        .unwrap();
+    assert_eq!(s[0].shape, Some(vec![None, Some(3)]));
+    assert_eq!(s[0].dtype, DType::I64);
+    let s = op
+        .infer(&[Some(TensorSpec::unknown_rank(DType::F32))], &a)
+        .unwrap();
+    assert_eq!(s[0].shape, Some(vec![None, None]));
+    assert_err_contains(
+        "nonzero",
+        &[Some(&tensor(&[1.0], &[1], DType::Bool))],
+        &[],
+        "unsupported dtype bool",
+    );
+}
+
+#[test]
+fn registry_is_complete() {
+    let reg = polyop_kernels::registry();
+    let names: Vec<&str> = reg.ops().map(|o| o.name).collect();
+    for n in [
+        "negate",
+        "add",
+        "scale",
+        "relu",
+        "relu_",
+        "add_relu",
+        "gelu",
+        "softmax",
+        "rms_norm",
+        "topk",
+        "conv2d",
+        "nonzero",
+        "add_backward",
+        "relu_backward",
+        "add_relu_backward",
+        "gelu_backward",
+        "softmax_backward",
+        "rms_norm_backward",
+        "topk_backward",
+        "conv2d_backward",
+    ] {
+        assert!(names.contains(&n), "{n} missing");
+    }
+    for (name, schema) in [
+        ("softmax", "softmax(Tensor x, int axis=-1) -> Tensor"),
+        ("rms_norm", "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6) -> Tensor"),
+        ("topk", "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)"),
+        ("conv2d", "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> Tensor"),
+        ("nonzero", "nonzero(Tensor x) -> Tensor"),
+        ("softmax_backward", "softmax_backward(Tensor grad, Tensor y, int axis=-1) -> Tensor"),
+        ("rms_norm_backward", "rms_norm_backward(Tensor grad, Tensor x, Tensor? weight=None, float eps=1e-6) -> (Tensor grad_x, Tensor grad_weight)"),
+        ("topk_backward", "topk_backward(Tensor grad_values, Tensor x, Tensor indices, int axis=-1) -> Tensor"),
+        ("conv2d_backward", "conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)"),
+    ] {
+        assert_eq!(reg.lookup(name).unwrap().schema, kernel_core::Schema::parse(schema).unwrap(), "{name}");
+    }
+    for op in reg.ops() {
+        assert_eq!(
+            op.flags.backward_only,
+            op.name.ends_with("_backward"),
+            "{}",
+            op.name
+        );
+    }
+}
