@@ -38,6 +38,7 @@ import ctypes
 import functools
 import inspect
 import threading
+import types
 from typing import Any
 
 import jax
@@ -170,6 +171,14 @@ def _refuse_data_dependent(name: str):
 # ---------------------------------------------------------------------------- raw call
 
 
+def _vma(x) -> frozenset:
+    """The manual mesh axes (inside ``jax.shard_map``) along which ``x`` varies."""
+    try:
+        return frozenset(jax.typeof(x).mat.varying)
+    except AttributeError:
+        return frozenset()
+
+
 def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs):
     """One FFI call on present operands ``xs`` (absent ones must be trailing)."""
     load()
@@ -177,8 +186,18 @@ def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs):
     specs = [_spec(next(full)) if p else None for p in present]
     out_specs = _infer(name, specs, attrs)
     results = [jax.ShapeDtypeStruct(tuple(s), _jnp_dtype(d)) for s, d in out_specs]
+    # Inside shard_map the FFI call needs operands that vary along the same manual axes, and
+    # its results (declared without axes) vary along all of them: the kernel runs per shard.
+    vma = frozenset().union(*(_vma(x) for x in xs))
+    if vma:
+        xs = [x if not (vma - _vma(x)) else jax.lax.pcast(x, tuple(vma - _vma(x)), to="varying")
+              for x in xs]
     fn = jax.ffi.ffi_call(f"polyop_{name}", results, vmap_method="sequential")
-    return tuple(fn(*xs, **{k: _ffi_attr(v) for k, v in attrs.items()}))
+    outs = tuple(fn(*xs, **{k: _ffi_attr(v) for k, v in attrs.items()}))
+    if vma:
+        outs = tuple(o if not (vma - _vma(o)) else jax.lax.pcast(o, tuple(vma - _vma(o)), to="varying")
+                     for o in outs)
+    return outs
 
 
 def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
@@ -198,8 +217,13 @@ def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
     Assumption (documented in docs/xla.md): an op whose shapes behave batch-like under a new
     leading dim also computes batch-like, unless an axis attribute says otherwise.
     """
-    attrs = {k: _hashable_attr(k, name, v) for k, v in attrs.items()}
+    full_attrs = {a["name"]: a["default"] for a in _INFOS[name]["attrs"] if not a["required"]}
+    full_attrs.update(attrs)
+    attrs = {k: _hashable_attr(k, name, v) for k, v in full_attrs.items() if v is not None}
     specs = [None if s is None else (tuple(s[0]), s[1]) for s in shapes]
+    first = next((s for s in specs if s is not None), None)
+    if first is not None:
+        attrs = _normalize_axes(name, [types.SimpleNamespace(shape=first[0])], attrs)
     return _strategy(name, tuple(specs), tuple(bool(b) for b in batched), tuple(sorted(attrs.items())))
 
 
@@ -317,6 +341,11 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...]):
             elif g is None:
                 out.append(jnp.zeros_like(x))
             else:
+                # shard_map: an input replicated along some manual axes gets the sum of the
+                # per-shard gradients (the transpose of broadcasting it to every shard).
+                extra = _vma(g) - _vma(x)
+                if extra:
+                    g = jax.lax.psum(g, tuple(extra))
                 out.append(g)
         return tuple(out)
 
@@ -348,7 +377,10 @@ def _apply(name: str, tensors, attrs: dict, normalize: bool = True):
                 "by a present one cannot be expressed as an XLA call"
             )
     xs = [jnp.asarray(t) for t in tensors if t is not None]
-    canon = {k: _hashable_attr(k, name, v) for k, v in attrs.items()}
+    # Defaults filled in here so the vmap strategy sees every attribute (e.g. axis=-1).
+    full_attrs = {a["name"]: a["default"] for a in info["attrs"] if not a["required"]}
+    full_attrs.update(attrs)
+    canon = {k: _hashable_attr(k, name, v) for k, v in full_attrs.items() if v is not None}
     if normalize:
         canon = _normalize_axes(name, xs, canon)
     # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages.
