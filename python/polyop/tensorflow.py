@@ -1,0 +1,233 @@
+"""TensorFlow glue for polyop.
+
+``libpolyop_tensorflow.so`` works on its own (``tf.load_op_library(path).polyop_topk(x, k=2)``).
+This module adds what only Python can add:
+
+- clean names: ``polyop.tensorflow.topk(x, k=2)``, ``polyop.tensorflow.rms_norm(x, weight=None)``
+  (``None`` for an absent optional input instead of TF's ``weight=[]``; inputs by position or
+  name; attributes by name with the schema's defaults);
+- exact static shapes in graph mode: TF's C shape API cannot read int/float/bool/string
+  attributes, so the library's shape functions leave attribute-dependent dims unknown; the
+  wrappers call ``polyop.infer`` with the real attribute values and ``set_shape`` the outputs;
+- gradients: ``tf.RegisterGradient("Polyop<Camel>")`` for every op with a backward, driven by
+  ``polyop.op_info(name)["backward"]`` (the backward op is itself a registered TF op; no
+  gradient formula lives here).
+
+``load(path=None)`` returns a namespace of those functions (plus ``.raw``, the module
+``tf.load_op_library`` returned). Module attributes forward to it: ``polyop.tensorflow.topk``.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any
+
+import tensorflow as tf
+
+import polyop
+
+__all__ = ["load", "op_type"]
+
+_lock = threading.Lock()
+_loaded: dict[str, types.SimpleNamespace] = {}
+_grads_registered: set[str] = set()
+
+
+def op_type(name: str) -> str:
+    """The TF op type of polyop op ``name`` (``rms_norm`` -> ``PolyopRmsNorm``)."""
+    return "Polyop" + polyop.op_info(name)["camel_name"]
+
+
+def _raw_fn(raw: Any, info: dict) -> Any:
+    # TF names the Python wrapper after the op type in snake case: PolyopRmsNorm ->
+    # polyop_rms_norm. Look it up by the op type rather than re-deriving TF's rule.
+    want = "Polyop" + info["camel_name"]
+    fn = getattr(raw, "polyop_" + info["name"], None)
+    if fn is not None:
+        return fn
+    for attr in dir(raw):
+        if attr.replace("_", "").lower() == want.lower():
+            return getattr(raw, attr)
+    raise AttributeError(f"polyop: the TensorFlow library has no wrapper for op type {want}")
+
+
+def _spec(t: Any) -> tuple | None:
+    if t is None:
+        return None
+    shape = t.shape
+    dims = None if shape.rank is None else tuple(shape.as_list())
+    return (dims, t.dtype.name)
+
+
+def _make_fn(raw: Any, info: dict):
+    name = info["name"]
+    inputs = info["inputs"]
+    attr_names = {a["name"] for a in info["attrs"]}
+    raw_fn = _raw_fn(raw, info)
+    n_out = len(info["outputs"])
+
+    def fn(*args, **kwargs):
+        if len(args) > len(inputs):
+            raise TypeError(
+                f"polyop.{name}: takes {len(inputs)} tensor input(s) "
+                f"({', '.join(i['name'] for i in inputs)}), got {len(args)} positional arguments"
+            )
+        values: list[Any] = list(args) + [None] * (len(inputs) - len(args))
+        for k, spec in enumerate(inputs):
+            if spec["name"] in kwargs:
+                if k < len(args):
+                    raise TypeError(f"polyop.{name}: input `{spec['name']}` given twice")
+                values[k] = kwargs.pop(spec["name"])
+        op_name = kwargs.pop("name", None)
+        unknown = set(kwargs) - attr_names
+        if unknown:
+            raise TypeError(
+                f"polyop.{name}: unknown argument(s) {sorted(unknown)} (inputs: "
+                f"{[i['name'] for i in inputs]}, attributes: {sorted(attr_names)})"
+            )
+        call: dict[str, Any] = {}
+        tensors: list[Any] = []
+        for spec, v in zip(inputs, values):
+            if spec["optional"]:
+                if v is None:
+                    v = []
+                elif not isinstance(v, (list, tuple)):
+                    v = [v]
+                v = [tf.convert_to_tensor(t) for t in v]
+                tensors.append(v[0] if v else None)
+            else:
+                if v is None:
+                    raise TypeError(f"polyop.{name}: input `{spec['name']}` is required")
+                v = tf.convert_to_tensor(v)
+                tensors.append(v)
+            call[spec["name"]] = v
+        # Arity, dtypes and attribute names/types are checked by kernel-core first (shapes
+        # unknown, so only what TF's own generated wrapper would otherwise reject with its own
+        # message: a dtype outside T's list, a T mismatch, a missing attribute).
+        try:
+            polyop.infer(name, [None if t is None else (None, t.dtype.name) for t in tensors], **kwargs)
+        except (TypeError, ValueError) as e:
+            raise tf.errors.InvalidArgumentError(None, None, str(e)) from None
+        out = raw_fn(**call, **kwargs, name=op_name)
+        if not tf.executing_eagerly():
+            # Attribute-dependent dims are unknown after TF's shape function; fill them in.
+            specs = polyop.infer(name, [_spec(t) for t in tensors], **kwargs)
+            outs = [out] if n_out == 1 else list(out)
+            for t, (shape, _dtype) in zip(outs, specs):
+                if shape is not None:
+                    t.set_shape(shape)
+        return out
+
+    fn.__name__ = name
+    fn.__qualname__ = name
+    fn.__doc__ = f"{info['schema']}\n\n{info.get('doc', '')}\n\nTF op type: Polyop{info['camel_name']}."
+    return fn
+
+
+def _register_gradient(ns: types.SimpleNamespace, info: dict) -> None:
+    name = info["name"]
+    bwd = info["backward"]
+    tf_type = "Polyop" + info["camel_name"]
+    if tf_type in _grads_registered:
+        return
+    bwd_info = polyop.op_info(bwd["op"])
+    bwd_attrs = [a["name"] for a in bwd_info["attrs"]]
+    inputs = info["inputs"]
+
+    def grad(op, *grads):
+        # Map TF's flattened inputs back to the schema's (absent optional inputs are None).
+        flat = list(op.inputs)
+        fwd: list[Any] = []
+        present: list[bool] = []
+        for spec in inputs:
+            if spec["optional"]:
+                n = op.get_attr("N_" + spec["name"])
+                fwd.append(flat.pop(0) if n else None)
+                present.append(bool(n))
+            else:
+                fwd.append(flat.pop(0))
+                present.append(True)
+        args = []
+        for kind, i in bwd["inputs"]:
+            if kind == "grad":
+                g = grads[i]
+                args.append(tf.zeros_like(op.outputs[i]) if g is None else g)
+            elif kind == "input":
+                args.append(fwd[i])
+            elif kind == "output":
+                args.append(op.outputs[i])
+            else:  # pragma: no cover - metadata from the core
+                raise RuntimeError(f"polyop.{name}: unknown backward input kind {kind!r}")
+        # op.get_attr returns TF's Python values; strings come back as bytes.
+        attrs = {}
+        for a in bwd_attrs:
+            v = op.get_attr(a)
+            attrs[a] = v.decode() if isinstance(v, bytes) else v
+        res = getattr(ns, bwd["op"])(*args, **attrs)
+        res = [res] if len(bwd_info["outputs"]) == 1 else list(res)
+        by_input: list[Any] = [None] * len(inputs)
+        for j, fi in enumerate(bwd["outputs"]):
+            by_input[fi] = res[j]
+        # One gradient per flattened TF input; gradients of absent optional inputs are dropped,
+        # inputs without a backward output (non-differentiable) get None.
+        return [g for g, p in zip(by_input, present) if p]
+
+    grad.__name__ = f"_polyop_{name}_grad"
+    try:
+        tf.RegisterGradient(tf_type)(grad)
+    except KeyError:
+        # Already registered in this process (e.g. the module was reloaded).
+        pass
+    _grads_registered.add(tf_type)
+
+
+def _wrappers_from_registry(infos: list[dict]) -> types.ModuleType:
+    from tensorflow.core.framework import op_def_pb2
+    from tensorflow.python.framework import op_def_registry
+    from tensorflow.python.framework import _pywrap_python_op_gen
+
+    op_list = op_def_pb2.OpList()
+    for info in infos:
+        d = op_def_registry.get("Polyop" + info["camel_name"])
+        if d is not None:
+            op_list.op.add().CopyFrom(d)
+    wrappers = _pywrap_python_op_gen.GetPythonWrappers(op_list.SerializeToString())
+    module = types.ModuleType("polyop_tensorflow_ops")
+    exec(wrappers, module.__dict__)  # noqa: S102 - TF's own generated wrapper code
+    return module
+
+
+def load(path: str | None = None) -> types.SimpleNamespace:
+    """Load ``libpolyop_tensorflow.so`` (default: ``polyop.library_path("tensorflow")``),
+    register gradients, and return a namespace of clean-named ops."""
+    path = path or polyop.library_path("tensorflow")
+    with _lock:
+        ns = _loaded.get(path)
+        if ns is not None:
+            return ns
+        raw = tf.load_op_library(path)
+        infos = [i for i in polyop.ops() if not i["flags"]["inplace"]]
+        if not any(k.startswith("polyop_") for k in dir(raw)):
+            # The library was already loaded under another path string: TF's loader then sees
+            # no new registrations and returns an empty module. The ops are registered
+            # globally, so generate the wrappers from TF's op registry instead.
+            raw = _wrappers_from_registry(infos)
+        ns = types.SimpleNamespace(raw=raw, path=path)
+        for info in infos:
+            setattr(ns, info["name"], _make_fn(raw, info))
+        for info in infos:
+            if info["backward"] is not None:
+                _register_gradient(ns, info)
+        _loaded[path] = ns
+        return ns
+
+
+def __getattr__(attr: str) -> Any:
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    ns = load()
+    try:
+        return getattr(ns, attr)
+    except AttributeError:
+        raise AttributeError(f"module 'polyop.tensorflow' has no attribute {attr!r}") from None
