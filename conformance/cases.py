@@ -1,0 +1,321 @@
+"""The stock conformance cases: every op of SPEC.md section 3 x its dtypes x the edge cases
+(empty, rank 0, rank 8, strided views, broadcasting, ties, NaN, huge values, both gelu forms,
+optional inputs, ...) plus a list of bad inputs with the substring their error must contain.
+
+``cases()`` is deterministic (fixed seeds), so every backend process builds the same list.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from polyop.conformance import Case
+
+FLOAT = ["float16", "bfloat16", "float32", "float64"]
+INT = ["int32", "int64"]
+NUMERIC = FLOAT + INT
+
+RANK8 = (2, 1, 2, 1, 1, 2, 1, 2)
+
+
+def np_dtype(name: str):
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+class Gen:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def arr(self, shape, dtype: str, lo=-3.0, hi=3.0, away: float = 0.0) -> np.ndarray:
+        """Random values in [lo, hi] (ints: integers), optionally at least ``away`` from 0."""
+        shape = tuple(shape)
+        if dtype in INT:
+            return self.rng.integers(int(lo) - 2, int(hi) + 3, size=shape).astype(dtype)
+        if dtype == "bool":
+            return self.rng.integers(0, 2, size=shape).astype(bool)
+        v = self.rng.uniform(lo, hi, size=shape)
+        if away:
+            sign = np.where(self.rng.uniform(size=shape) < 0.5, -1.0, 1.0)
+            v = sign * self.rng.uniform(away, max(abs(lo), abs(hi)), size=shape)
+        return np.asarray(v).astype(np_dtype(dtype))
+
+    def transposed(self, shape, dtype: str, **kw) -> np.ndarray:
+        """A non-contiguous view of ``shape`` (its last two axes transposed)."""
+        shape = tuple(shape)
+        base = self.arr(shape[:-2] + (shape[-1], shape[-2]), dtype, **kw)
+        v = np.swapaxes(base, -1, -2)
+        assert v.shape == shape and not v.flags.c_contiguous
+        return v
+
+    def sliced(self, shape, dtype: str, **kw) -> np.ndarray:
+        """A non-contiguous view of ``shape``: every other element of the last axis, from a
+        reversed first axis (negative stride)."""
+        shape = tuple(shape)
+        base = self.arr(shape[:-1] + (2 * shape[-1],), dtype, **kw)
+        v = base[..., ::2]
+        if len(shape) > 1:
+            v = v[::-1]
+        assert v.shape == shape and not v.flags.c_contiguous
+        return v
+
+
+def _cid(op, dtype, desc):
+    return f"{op}/{dtype}/{desc}"
+
+
+def elementwise_unary(g: Gen, op: str, dtypes, attrs=None, grad=False, lo=-3.0, hi=3.0, away=0.0):
+    attrs = attrs or {}
+    suffix = "".join(f",{k}={v}" for k, v in attrs.items())
+    out = []
+    for dt in dtypes:
+        kw = dict(lo=lo, hi=hi, away=away)
+        out += [
+            Case(op, [g.arr((3, 5), dt, **kw)], dict(attrs), _cid(op, dt, "basic" + suffix),
+                 grad=grad and dt == "float64"),
+            Case(op, [g.transposed((4, 3), dt, **kw)], dict(attrs), _cid(op, dt, "transposed" + suffix),
+                 tags=("strided",)),
+            Case(op, [g.sliced((3, 4), dt, **kw)], dict(attrs), _cid(op, dt, "sliced" + suffix),
+                 tags=("strided",)),
+            Case(op, [g.arr((0, 3), dt, **kw)], dict(attrs), _cid(op, dt, "empty" + suffix), tags=("empty",)),
+            Case(op, [g.arr((), dt, **kw)], dict(attrs), _cid(op, dt, "rank0" + suffix), tags=("rank0",)),
+            Case(op, [g.arr(RANK8, dt, **kw)], dict(attrs), _cid(op, dt, "rank8" + suffix), tags=("rank8",)),
+        ]
+    return out
+
+
+def with_specials(dt: str, a: np.ndarray, specials=(np.nan, np.inf, -np.inf, 0.0, -0.0)) -> np.ndarray:
+    """A copy of float array ``a`` with ``specials`` (NaN, +-inf, +-0) in its first elements."""
+    if dt not in FLOAT:
+        return a
+    b = np.array(a, copy=True).reshape(-1)
+    specials = list(specials)
+    b[: len(specials)] = np.asarray(specials).astype(b.dtype)
+    return b.reshape(a.shape)
+
+
+def binary(g: Gen, op: str, grad: bool):
+    out = []
+    for dt in NUMERIC:
+        away = 0.25 if op == "add_relu" else 0.0
+        x, y = g.arr((3, 4), dt), g.arr((3, 4), dt)
+        if op == "add_relu" and dt == "float64":
+            # keep x + y away from the kink at 0 for the gradient check
+            s = x + y
+            y = np.where(np.abs(s) < away, y + 2 * away, y)
+        out += [
+            Case(op, [x, y], {}, _cid(op, dt, "basic"), grad=grad and dt == "float64"),
+            Case(op, [g.arr((2, 3, 4), dt), g.arr((4,), dt)], {}, _cid(op, dt, "broadcast-row"),
+                 tags=("broadcast",)),
+            Case(op, [g.arr((3, 1), dt), g.arr((1, 4), dt)], {}, _cid(op, dt, "broadcast-outer"),
+                 tags=("broadcast",), grad=grad and dt == "float64"),
+            Case(op, [g.transposed((4, 3), dt), g.sliced((4, 3), dt)], {}, _cid(op, dt, "strided"),
+                 tags=("strided",)),
+        ]
+        if dt in ("float32", "bfloat16", "int64"):
+            out += [
+                Case(op, [g.arr((0, 4), dt), g.arr((1, 4), dt)], {}, _cid(op, dt, "empty-broadcast"),
+                     tags=("empty", "broadcast")),
+                Case(op, [g.arr((), dt), g.arr((), dt)], {}, _cid(op, dt, "rank0"), tags=("rank0",)),
+                Case(op, [g.arr((), dt), g.arr((2, 3), dt)], {}, _cid(op, dt, "scalar-broadcast"),
+                     tags=("rank0", "broadcast")),
+                Case(op, [g.arr(RANK8, dt), g.arr(RANK8[4:], dt)], {}, _cid(op, dt, "rank8-broadcast"),
+                     tags=("rank8", "broadcast")),
+            ]
+        if dt in FLOAT:
+            out.append(Case(op, [with_specials(dt, g.arr((2, 5), dt)), g.arr((2, 5), dt)], {},
+                            _cid(op, dt, "nan-inf")))
+    return out
+
+
+def cases() -> list[Case]:
+    g = Gen(20240611)
+    out: list[Case] = []
+
+    # --- elementwise ------------------------------------------------------------------
+    out += elementwise_unary(g, "negate", NUMERIC, grad=True)
+    out += elementwise_unary(g, "relu", NUMERIC, grad=True, away=0.1)
+    for dt in FLOAT:
+        out.append(Case("relu", [with_specials(dt, g.arr((2, 4), dt))], {}, _cid("relu", dt, "nan-inf-zero")))
+    for dt in NUMERIC:
+        out.append(Case("relu_", [g.arr((3, 4), dt)], {}, _cid("relu_", dt, "basic")))
+    out.append(Case("relu_", [g.transposed((3, 4), "float32")], {}, _cid("relu_", "float32", "transposed"),
+                    tags=("strided",)))
+    out += binary(g, "add", grad=True)
+    out += binary(g, "add_relu", grad=True)
+    out += elementwise_unary(g, "scale", FLOAT, attrs={"alpha": 0.75}, grad=True)
+    for dt in ("float32", "float64"):
+        out.append(Case("scale", [g.arr((2, 3), dt)], {"alpha": 3}, _cid("scale", dt, "int-alpha")))
+        out.append(Case("scale", [g.arr((2, 3), dt)], {"alpha": -2.5}, _cid("scale", dt, "negative-alpha")))
+    for approx in ("none", "tanh"):
+        out += elementwise_unary(g, "gelu", FLOAT, attrs={"approximate": approx}, grad=True, lo=-5, hi=5)
+        for dt in FLOAT:
+            # gelu(-inf) is 0 in the limit but NaN in the naive formula; the SPEC leaves it open
+            out.append(Case("gelu", [with_specials(dt, g.arr((2, 4), dt), (np.nan, np.inf, 0.0, -0.0))],
+                            {"approximate": approx},
+                            _cid("gelu", dt, f"nan-inf,approximate={approx}")))
+    out.append(Case("gelu", [g.arr((2, 3), "float32")], {}, _cid("gelu", "float32", "default-approximate")))
+
+    # --- softmax ----------------------------------------------------------------------
+    for dt in FLOAT:
+        huge = {"float16": 6.0e4, "bfloat16": 1.0e30, "float32": 1.0e30, "float64": 1.0e300}[dt]
+        hx = np.array([[huge, huge * 0.5, -huge, 0.0], [1.0, 2.0, 3.0, 4.0], [huge, huge, huge, huge]])
+        out += [
+            Case("softmax", [g.arr((3, 5), dt)], {}, _cid("softmax", dt, "basic"), grad=dt == "float64"),
+            Case("softmax", [g.arr((4, 3), dt)], {"axis": 0}, _cid("softmax", dt, "axis0"), grad=dt == "float64"),
+            Case("softmax", [g.arr((2, 3, 4), dt)], {"axis": -2}, _cid("softmax", dt, "axis-2")),
+            Case("softmax", [hx.astype(np_dtype(dt))], {}, _cid("softmax", dt, "huge-values")),
+            Case("softmax", [g.transposed((3, 4), dt)], {"axis": -1}, _cid("softmax", dt, "transposed"),
+                 tags=("strided",)),
+            Case("softmax", [g.sliced((3, 4), dt)], {"axis": 0}, _cid("softmax", dt, "sliced-axis0"),
+                 tags=("strided",)),
+            Case("softmax", [g.arr((0, 3), dt)], {}, _cid("softmax", dt, "empty"), tags=("empty",)),
+        ]
+        if dt in ("float32", "float64"):
+            out += [
+                Case("softmax", [g.arr((), dt)], {}, _cid("softmax", dt, "rank0"), tags=("rank0",)),
+                Case("softmax", [g.arr(RANK8, dt)], {"axis": 3}, _cid("softmax", dt, "rank8-axis3"),
+                     tags=("rank8",)),
+                Case("softmax", [np.array([[-np.inf, 0.0, 1.0]]).astype(np_dtype(dt))], {},
+                     _cid("softmax", dt, "neg-inf")),
+            ]
+
+    # --- rms_norm ---------------------------------------------------------------------
+    for dt in FLOAT:
+        out += [
+            Case("rms_norm", [g.arr((3, 8), dt), g.arr((8,), dt)], {}, _cid("rms_norm", dt, "weight"),
+                 grad=dt == "float64"),
+            Case("rms_norm", [g.arr((3, 8), dt), None], {}, _cid("rms_norm", dt, "no-weight"),
+                 grad=dt == "float64"),
+            Case("rms_norm", [g.arr((2, 3, 5), dt), g.arr((5,), dt)], {"eps": 0.1}, _cid("rms_norm", dt, "eps")),
+            Case("rms_norm", [g.transposed((4, 6), dt), g.sliced((6,), dt)], {}, _cid("rms_norm", dt, "strided"),
+                 tags=("strided",)),
+            Case("rms_norm", [g.arr((0, 4), dt), g.arr((4,), dt)], {}, _cid("rms_norm", dt, "empty"),
+                 tags=("empty",)),
+        ]
+        if dt in ("float32", "float64"):
+            out += [
+                Case("rms_norm", [g.arr(RANK8, dt), g.arr((2,), dt)], {}, _cid("rms_norm", dt, "rank8"),
+                     tags=("rank8",)),
+                Case("rms_norm", [np.zeros((2, 4), dtype=dt), None], {}, _cid("rms_norm", dt, "zeros")),
+            ]
+
+    # --- topk -------------------------------------------------------------------------
+    for dt in NUMERIC:
+        x = g.arr((3, 6), dt, lo=-50, hi=50)
+        ties = np.array([[1, 3, 3, 2, 3, 1], [0, 0, 0, 0, 0, 0]]).astype(np_dtype(dt))
+        out += [
+            Case("topk", [x], {"k": 3}, _cid("topk", dt, "basic")),
+            Case("topk", [x], {"k": 2, "largest": False}, _cid("topk", dt, "smallest")),
+            Case("topk", [ties], {"k": 4}, _cid("topk", dt, "ties")),
+            Case("topk", [ties], {"k": 4, "largest": False}, _cid("topk", dt, "ties-smallest")),
+            Case("topk", [g.arr((5, 3), dt, lo=-50, hi=50)], {"k": 2, "axis": 0}, _cid("topk", dt, "axis0")),
+            Case("topk", [g.transposed((4, 5), dt, lo=-50, hi=50)], {"k": 3}, _cid("topk", dt, "transposed"),
+                 tags=("strided",)),
+            Case("topk", [g.arr((2, 4), dt)], {"k": 0}, _cid("topk", dt, "k0")),
+            Case("topk", [g.arr((2, 4), dt, lo=-50, hi=50)], {"k": 4}, _cid("topk", dt, "k-all")),
+            Case("topk", [g.arr((0, 4), dt)], {"k": 2}, _cid("topk", dt, "empty"), tags=("empty",)),
+        ]
+        if dt in FLOAT:
+            nan = np.array([[1.0, np.nan, 3.0, -np.inf, np.nan, np.inf, -0.0, 0.0]]).astype(np_dtype(dt))
+            out += [
+                Case("topk", [nan], {"k": 5}, _cid("topk", dt, "nan-largest")),
+                Case("topk", [nan], {"k": 8, "largest": False}, _cid("topk", dt, "nan-smallest")),
+            ]
+        if dt in ("float32", "int64"):
+            out.append(Case("topk", [g.arr(RANK8, dt, lo=-50, hi=50)], {"k": 1, "axis": 5},
+                            _cid("topk", dt, "rank8-axis5"), tags=("rank8",)))
+    # gradient (values only): distinct values so the selection is stable under perturbation
+    gx = np.random.default_rng(7).permutation(np.arange(18, dtype=np.float64)).reshape(3, 6) * 0.37
+    out.append(Case("topk", [gx], {"k": 3}, _cid("topk", "float64", "grad-distinct"), grad=True))
+
+    # --- conv2d -----------------------------------------------------------------------
+    for dt in FLOAT:
+        x, w, b = g.arr((2, 3, 6, 5), dt, lo=-1, hi=1), g.arr((4, 3, 3, 3), dt, lo=-1, hi=1), g.arr((4,), dt)
+        grad = dt == "float64"
+        out += [
+            Case("conv2d", [x, w, None], {}, _cid("conv2d", dt, "basic"), grad=grad),
+            Case("conv2d", [x, w, b], {}, _cid("conv2d", dt, "bias"), grad=grad),
+            Case("conv2d", [x, w, b], {"stride": 2}, _cid("conv2d", dt, "stride2")),
+            Case("conv2d", [x, w, b], {"padding": 1}, _cid("conv2d", dt, "padding1"), grad=grad),
+            Case("conv2d", [x, w, None], {"stride": 2, "padding": 2}, _cid("conv2d", dt, "stride2-padding2")),
+            Case("conv2d", [np.swapaxes(g.arr((1, 3, 5, 6), dt), -1, -2), g.transposed((4, 3, 2, 2), dt), None],
+                 {}, _cid("conv2d", dt, "strided"), tags=("strided",)),
+        ]
+        if dt in ("float32", "float64"):
+            out += [
+                Case("conv2d", [g.arr((0, 3, 5, 5), dt), w, b], {}, _cid("conv2d", dt, "empty-batch"),
+                     tags=("empty",)),
+                Case("conv2d", [g.arr((1, 2, 4, 4), dt), g.arr((3, 2, 1, 1), dt), None], {},
+                     _cid("conv2d", dt, "1x1")),
+                Case("conv2d", [g.arr((1, 1, 3, 3), dt), g.arr((1, 1, 3, 3), dt), g.arr((1,), dt)], {},
+                     _cid("conv2d", dt, "full-window")),
+            ]
+
+    # --- nonzero ----------------------------------------------------------------------
+    for dt in NUMERIC:
+        x = g.arr((4, 5), dt, lo=-2, hi=2)
+        x = np.where(g.rng.uniform(size=x.shape) < 0.5, np.zeros((), dtype=x.dtype), x)
+        out += [
+            Case("nonzero", [x], {}, _cid("nonzero", dt, "basic")),
+            Case("nonzero", [np.zeros((3, 4), dtype=np_dtype(dt))], {}, _cid("nonzero", dt, "all-zero"),
+                 tags=("empty-result",)),
+            Case("nonzero", [g.arr((0, 3), dt)], {}, _cid("nonzero", dt, "empty"), tags=("empty",)),
+            Case("nonzero", [np.swapaxes(x, 0, 1)], {}, _cid("nonzero", dt, "transposed"), tags=("strided",)),
+        ]
+        if dt in ("float32", "int64"):
+            out += [
+                Case("nonzero", [np.asarray(g.arr((), dt, lo=1, hi=2))], {}, _cid("nonzero", dt, "rank0"),
+                     tags=("rank0",)),
+                Case("nonzero", [np.zeros((), dtype=dt)], {}, _cid("nonzero", dt, "rank0-zero"), tags=("rank0",)),
+                Case("nonzero", [g.arr(RANK8, dt, lo=-1, hi=1)], {}, _cid("nonzero", dt, "rank8"), tags=("rank8",)),
+            ]
+        if dt in FLOAT:
+            out.append(Case("nonzero", [np.array([0.0, -0.0, np.nan, 1.0, np.inf]).astype(np_dtype(dt))], {},
+                            _cid("nonzero", dt, "nan-negzero")))
+
+    out += bad_inputs(g)
+    ids = [c.id for c in out]
+    dup = {i for i in ids if ids.count(i) > 1}
+    assert not dup, f"duplicate case ids: {sorted(dup)}"
+    return out
+
+
+def bad_inputs(g: Gen) -> list[Case]:
+    """Bad input: each must raise the framework's ordinary error naming the op and the
+    problem (the substring), and the process must survive."""
+    f32 = lambda *s: g.arr(s, "float32")  # noqa: E731
+    i32 = g.arr((2, 3), "int32")
+
+    def bad(op, inputs, attrs, expect, desc):
+        return Case(op, inputs, attrs, f"{op}/error/{desc}", expect_error=expect, tags=("error",))
+
+    return [
+        bad("gelu", [i32], {}, "unsupported dtype int32", "int-dtype"),
+        bad("softmax", [g.arr((2, 3), "int64")], {}, "unsupported dtype int64", "int-dtype"),
+        bad("scale", [i32], {"alpha": 2.0}, "unsupported dtype int32", "int-dtype"),
+        bad("nonzero", [np.array([True, False])], {}, "unsupported dtype bool", "bool-dtype"),
+        bad("add", [f32(2, 3), g.arr((2, 3), "float64")], {}, "dtype mismatch", "dtype-mismatch"),
+        bad("add_relu", [f32(2, 3), i32], {}, "dtype mismatch", "dtype-mismatch"),
+        bad("add", [f32(2, 3), f32(4, 3)], {}, "cannot be broadcast", "bad-broadcast"),
+        bad("add_relu", [f32(2, 3), f32(2)], {}, "cannot be broadcast", "bad-broadcast"),
+        bad("softmax", [f32(2, 3)], {"axis": 2}, "out of range", "axis-out-of-range"),
+        bad("softmax", [f32(2, 3)], {"axis": -3}, "out of range", "negative-axis-out-of-range"),
+        bad("topk", [f32(2, 3)], {"k": 4}, "out of range", "k-too-large"),
+        bad("topk", [f32(2, 3)], {"k": -1}, "must be >= 0", "k-negative"),
+        bad("topk", [f32(2, 3)], {"k": 1, "axis": 2}, "out of range", "axis-out-of-range"),
+        # torch's dispatcher checks its schema before polyop sees the call
+        bad("topk", [f32(2, 3)], {}, ("missing required attribute `k`", "missing value for argument 'k'"),
+            "missing-k"),
+        bad("gelu", [f32(2, 3)], {"approximate": "exact"}, "approximate must be", "bad-approximate"),
+        bad("rms_norm", [f32(2, 4), f32(3)], {}, "weight must have shape", "weight-shape"),
+        bad("rms_norm", [f32(2, 4), g.arr((4,), "float64")], {}, "dtype mismatch", "weight-dtype"),
+        bad("rms_norm", [f32(2, 4), None], {"eps": -1.0}, "eps must be >= 0", "negative-eps"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 4, 3, 3), None], {}, "channels", "channel-mismatch"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), f32(3)], {}, "bias", "bias-shape"),
+        bad("conv2d", [f32(1, 3, 2, 2), f32(2, 3, 3, 3), None], {}, "larger than", "kernel-larger-than-input"),
+        bad("conv2d", [f32(3, 5, 5), f32(2, 3, 3, 3), None], {}, "input must be 4-D", "input-rank"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"padding": -1}, "padding must be >= 0",
+            "negative-padding"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"stride": 0}, "stride", "stride-zero"),
+    ]

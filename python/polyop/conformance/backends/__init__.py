@@ -1,0 +1,40 @@
+"""Conformance backends, one module per framework, discovered by file name.
+
+Each module ``<name>.py`` here defines ``BACKEND``, an instance of
+:class:`polyop.conformance.harness.Backend`. A module that fails to import (for example
+because its framework is not installed) is reported as a failing backend with the reason,
+never skipped silently.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from ..harness import Backend, BrokenBackend
+
+_DIR = Path(__file__).resolve().parent
+
+#: Report order; other discovered backends follow alphabetically.
+PREFERRED_ORDER = ("native", "torch", "tensorflow", "onnxruntime", "xla")
+
+
+def available() -> list[str]:
+    """Names of the backend modules in this package (``native`` first)."""
+    names = sorted(p.stem for p in _DIR.glob("*.py") if not p.stem.startswith("_"))
+    return [n for n in PREFERRED_ORDER if n in names] + [n for n in names if n not in PREFERRED_ORDER]
+
+
+def load(name: str) -> Backend:
+    """The backend called ``name``; a :class:`BrokenBackend` carrying the import error when
+    its module cannot be imported or defines no ``BACKEND``."""
+    try:
+        mod = importlib.import_module(f"{__name__}.{name}")
+    except BaseException as e:  # noqa: BLE001 - ImportError, OSError from dlopen, SystemExit...
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return BrokenBackend(name, f"backend module failed to import: {type(e).__name__}: {e}")
+    b = getattr(mod, "BACKEND", None)
+    if not isinstance(b, Backend):
+        return BrokenBackend(name, f"backend module {name}.py defines no BACKEND instance")
+    return b

@@ -1,0 +1,341 @@
+"""The Python core (`polyop._core` through `polyop`): metadata, shape inference, running
+kernels on NumPy arrays, and errors. References are NumPy / SciPy, never polyop itself."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+from scipy.special import erf
+
+import polyop
+
+STOCK = ["negate", "add", "scale", "relu", "relu_", "add_relu", "gelu", "softmax", "rms_norm", "topk",
+         "conv2d", "nonzero"]
+
+
+# ---------------------------------------------------------------------------------------
+# metadata
+
+
+def test_ops_lists_every_stock_op_with_metadata():
+    infos = {o["name"]: o for o in polyop.ops()}
+    for name in STOCK:
+        assert name in infos, name
+    topk = infos["topk"]
+    assert topk["schema"] == "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)"
+    assert [i["name"] for i in topk["inputs"]] == ["x"]
+    assert topk["outputs"] == [{"name": "values", "dtype": "T"}, {"name": "indices", "dtype": "int64"}]
+    assert topk["attrs"] == [
+        {"name": "k", "type": "int", "default": None, "required": True},
+        {"name": "axis", "type": "int", "default": -1, "required": False},
+        {"name": "largest", "type": "bool", "default": True, "required": False},
+    ]
+    assert set(topk["dtypes"]) == {"float16", "bfloat16", "float32", "float64", "int32", "int64"}
+    assert topk["onnx_name"] == "TopK" and topk["camel_name"] == "Topk"
+    assert topk["flags"] == {"inplace": False, "data_dependent_shape": False, "backward_only": False}
+
+
+def test_op_info_flags_and_backward():
+    rn = polyop.op_info("rms_norm")
+    assert [(i["name"], i["optional"]) for i in rn["inputs"]] == [("x", False), ("weight", True)]
+    assert rn["attrs"][0]["name"] == "eps" and rn["attrs"][0]["type"] == "float"
+    assert math.isclose(rn["attrs"][0]["default"], 1e-6)
+    bw = rn["backward"]
+    assert bw["op"] == "rms_norm_backward"
+    assert all(kind in ("grad", "input", "output") for kind, _ in bw["inputs"])
+    assert bw["outputs"] == [0, 1]
+    back = polyop.op_info(bw["op"])
+    assert back["flags"]["backward_only"]
+    assert back["num_inputs"] == len(bw["inputs"]) and back["num_outputs"] == len(bw["outputs"])
+    assert polyop.op_info("relu_")["flags"]["inplace"]
+    assert polyop.op_info("relu_")["inputs"][0]["mutable"]
+    assert polyop.op_info("nonzero")["flags"]["data_dependent_shape"]
+    assert polyop.op_info("nonzero")["outputs"][0]["dtype"] == "int64"
+    assert polyop.op_info("gelu")["attrs"][0]["default"] == "none"
+    assert polyop.op_info("scale")["dtypes"] == ["float16", "bfloat16", "float32", "float64"]
+
+
+def test_unknown_op_lists_known_ops():
+    with pytest.raises(ValueError, match="unknown op `nope`.*topk"):
+        polyop.op_info("nope")
+    with pytest.raises(ValueError, match="unknown op"):
+        polyop.run("nope", np.zeros(2))
+    with pytest.raises(ValueError, match="unknown op"):
+        polyop.infer("nope", [])
+
+
+# ---------------------------------------------------------------------------------------
+# shape inference
+
+
+def test_infer_concrete_and_unknown_dims():
+    assert polyop.infer("add", [((2, 1, 4), "float32"), ((3, 1), "float32")]) == [((2, 3, 4), "float32")]
+    assert polyop.infer("add", [((None, 4), "float32"), ((4,), "float32")]) == [((None, 4), "float32")]
+    assert polyop.infer("topk", [((None, 7), "float16")], k=3) == [((None, 3), "float16"), ((None, 3), "int64")]
+    assert polyop.infer("topk", [((5, None), "int32")], k=2, axis=0) == [((2, None), "int32"), ((2, None), "int64")]
+    out = polyop.infer("conv2d", [((1, 3, 8, 8), "float32"), ((4, 3, 3, 3), "float32"), None], padding=1)
+    assert out == [((1, 4, 8, 8), "float32")]
+    (shape, dt), = polyop.infer("nonzero", [((3, 4), "float64")])
+    assert dt == "int64" and len(shape) == 2 and shape[1] == 2 and shape[0] is None
+
+
+def test_infer_unknown_rank_and_optional_inputs():
+    assert polyop.infer("negate", [(None, "int64")]) == [(None, "int64")]
+    # trailing optional input may be left out or given as None
+    assert polyop.infer("rms_norm", [((2, 5), "bfloat16")]) == [((2, 5), "bfloat16")]
+    assert polyop.infer("rms_norm", [((2, 5), "bfloat16"), None]) == [((2, 5), "bfloat16")]
+    # numpy dtypes are accepted as well as names
+    assert polyop.infer("relu", [((3,), np.float32)]) == [((3,), "float32")]
+
+
+def test_infer_errors():
+    with pytest.raises(ValueError, match=r"polyop\.topk: k=9 is out of range"):
+        polyop.infer("topk", [((2, 4), "float32")], k=9)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        polyop.infer("add", [((2, 3), "float32"), ((4,), "float32")])
+    with pytest.raises(TypeError, match="unsupported dtype int32"):
+        polyop.infer("gelu", [((2,), "int32")])
+    with pytest.raises(TypeError, match="missing required attribute `k`"):
+        polyop.infer("topk", [((2,), "float32")])
+    with pytest.raises(TypeError):
+        polyop.infer("negate", [(2, 3)])
+
+
+# ---------------------------------------------------------------------------------------
+# running kernels
+
+
+def test_issue_topk_example():
+    values, indices = polyop.run("topk", np.array([[1.0, 3.0, 3.0, 2.0]], dtype=np.float32), k=2)
+    assert values.dtype == np.float32 and indices.dtype == np.int64
+    np.testing.assert_array_equal(values, [[3.0, 3.0]])
+    np.testing.assert_array_equal(indices, [[1, 2]])
+
+
+def test_single_output_is_an_array_multi_output_a_tuple():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = polyop.run("negate", x)
+    assert isinstance(out, np.ndarray)
+    out = polyop.run("topk", x, k=1)
+    assert isinstance(out, tuple) and len(out) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
+def test_add_broadcast_all_dtypes(dtype):
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(0)
+    x = rng.integers(-8, 8, size=(2, 3, 4)).astype(dt)
+    y = rng.integers(-8, 8, size=(3, 1)).astype(dt)
+    out = polyop.run("add", x, y)
+    assert out.dtype == np.dtype(dt) and out.shape == (2, 3, 4)
+    # small integers: exact in every dtype
+    np.testing.assert_array_equal(out.astype(np.float64), x.astype(np.float64) + y.astype(np.float64))
+
+
+def test_strided_views_are_read_in_place():
+    base = np.arange(48, dtype=np.float64).reshape(6, 8)
+    for view in (base.T, base[::2, 1::3], base[::-1], base[:, ::-2]):
+        assert not view.flags.c_contiguous
+        np.testing.assert_array_equal(polyop.run("negate", view), -view)
+        np.testing.assert_allclose(polyop.run("softmax", view, axis=0),
+                                   np.exp(view - view.max(0)) / np.exp(view - view.max(0)).sum(0))
+    # input untouched
+    np.testing.assert_array_equal(base, np.arange(48, dtype=np.float64).reshape(6, 8))
+
+
+def test_bfloat16_and_float16_round_once():
+    x = np.linspace(-4, 4, 33)
+    for dt in (ml_dtypes.bfloat16, np.float16):
+        xs = x.astype(dt)
+        out = polyop.run("gelu", xs)
+        assert out.dtype == np.dtype(dt)
+        want = 0.5 * xs.astype(np.float64) * (1 + erf(xs.astype(np.float64) / math.sqrt(2)))
+        # within half an ulp-ish of the exact value
+        tol = 1e-2 if dt is ml_dtypes.bfloat16 else 1e-3
+        np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def test_gelu_tanh_scale_relu_rms_norm_against_numpy():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4, 7))
+    t = polyop.run("gelu", x, approximate="tanh")
+    np.testing.assert_allclose(t, 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))), rtol=1e-12)
+    np.testing.assert_allclose(polyop.run("scale", x, alpha=2), 2 * x, rtol=0)
+    r = polyop.run("relu", np.array([-1.0, np.nan, 2.0, 0.0]))
+    np.testing.assert_array_equal(r, [0.0, np.nan, 2.0, 0.0])
+    w = rng.normal(size=7)
+    want = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(polyop.run("rms_norm", x, w), want, rtol=1e-12)
+    np.testing.assert_allclose(polyop.run("rms_norm", x, None, eps=0.5),
+                               x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 0.5), rtol=1e-12)
+    # trailing optional input left out
+    np.testing.assert_allclose(polyop.run("rms_norm", x), x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6),
+                               rtol=1e-12)
+
+
+def test_conv2d_against_numpy():
+    rng = np.random.default_rng(2)
+    x, w, b = rng.normal(size=(2, 3, 7, 6)), rng.normal(size=(5, 3, 3, 2)), rng.normal(size=5)
+    out = polyop.run("conv2d", x, w, b, stride=2, padding=1)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 2), axis=(2, 3))[:, :, ::2, ::2]
+    want = np.einsum("nchwij,ocij->nohw", win, w) + b[None, :, None, None]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_nonzero_and_data_dependent_shapes():
+    x = np.array([[0, 3, 0], [4, 0, -1]], dtype=np.int32)
+    np.testing.assert_array_equal(polyop.run("nonzero", x), np.argwhere(x))
+    e = polyop.run("nonzero", np.zeros((2, 3), dtype=np.float32))
+    assert e.shape == (0, 2) and e.dtype == np.int64
+    np.testing.assert_array_equal(polyop.run("nonzero", x.T), np.argwhere(x.T))
+
+
+def test_topk_ties_nan_and_smallest():
+    x = np.array([[2.0, np.nan, 5.0, 5.0, -1.0]], dtype=np.float32)
+    v, i = polyop.run("topk", x, k=3)
+    np.testing.assert_array_equal(i, [[1, 2, 3]])
+    assert np.isnan(v[0, 0]) and list(v[0, 1:]) == [5.0, 5.0]
+    v, i = polyop.run("topk", x, k=2, largest=False)
+    np.testing.assert_array_equal(i, [[4, 0]])
+    v, i = polyop.run("topk", np.arange(12, dtype=np.int64).reshape(3, 4), k=2, axis=0)
+    np.testing.assert_array_equal(v, [[8, 9, 10, 11], [4, 5, 6, 7]])
+
+
+def test_empty_rank0_rank8():
+    assert polyop.run("negate", np.zeros((0, 3), np.float32)).shape == (0, 3)
+    r0 = polyop.run("relu", np.array(-2.5))
+    assert r0.shape == () and r0 == 0.0
+    x = np.arange(2**8, dtype=np.float64).reshape((2,) * 8) - 100
+    np.testing.assert_array_equal(polyop.run("relu", x), np.maximum(x, 0))
+    # numpy scalars are accepted as rank-0 inputs
+    assert polyop.run("negate", np.float32(2.0)) == -2.0
+
+
+def test_inplace_op_runs_out_of_place():
+    x = np.array([-1.0, 2.0], dtype=np.float32)
+    out = polyop.run("relu_", x)
+    np.testing.assert_array_equal(out, [0.0, 2.0])
+    np.testing.assert_array_equal(x, [-1.0, 2.0])
+
+
+def test_attribute_conversion():
+    x = np.array([[1.0, 4.0, 2.0]], dtype=np.float32)
+    # numpy scalar attributes, bool vs int, int for float
+    v, _ = polyop.run("topk", x, k=np.int64(2), largest=np.bool_(False))
+    np.testing.assert_array_equal(v, [[1.0, 2.0]])
+    np.testing.assert_array_equal(polyop.run("scale", x, alpha=np.float32(0.5)), x * 0.5)
+    with pytest.raises(TypeError, match=r"polyop\.topk: attribute `k` must be int, got float"):
+        polyop.run("topk", x, k=1.5)
+    with pytest.raises(TypeError, match="`largest` must be bool"):
+        polyop.run("topk", x, k=1, largest="yes")
+    with pytest.raises(TypeError, match="unsupported Python type"):
+        polyop.run("topk", x, k=object())
+
+
+# ---------------------------------------------------------------------------------------
+# errors: type, message, recovery
+
+
+@pytest.mark.parametrize(
+    "call, exc, msg",
+    [
+        (lambda: polyop.run("gelu", np.zeros(3, np.int32)), TypeError, r"polyop\.gelu: unsupported dtype int32"),
+        (lambda: polyop.run("add", np.zeros(3, np.float32), np.zeros(3)), TypeError, r"polyop\.add: dtype mismatch"),
+        (lambda: polyop.run("negate", np.zeros(3, np.uint8)), TypeError, "dtype uint8"),
+        (lambda: polyop.run("negate", np.zeros(3, np.complex64)), TypeError, "dtype complex64"),
+        (lambda: polyop.run("negate", [1.0, 2.0]), TypeError, "must be a numpy.ndarray"),
+        (lambda: polyop.run("add", np.zeros(3)), TypeError, r"expected 2 tensor input"),
+        (lambda: polyop.run("negate", np.zeros(3), np.zeros(3)), TypeError, "expected 1 tensor input"),
+        (lambda: polyop.run("add", np.zeros((2, 3)), np.zeros((4,))), ValueError, "cannot be broadcast"),
+        (lambda: polyop.run("softmax", np.zeros((2, 3)), axis=2), ValueError, "out of range"),
+        (lambda: polyop.run("topk", np.zeros((2, 3)), k=4), ValueError, r"polyop\.topk: k=4 is out of range"),
+        (lambda: polyop.run("gelu", np.zeros(3), approximate="erf"), ValueError, "approximate must be"),
+        (lambda: polyop.run("rms_norm", np.zeros((2, 4)), np.zeros(3)), ValueError, "weight must have shape"),
+        (lambda: polyop.run("conv2d", np.zeros((1, 3, 5, 5)), np.zeros((2, 4, 3, 3))), ValueError, "channels"),
+        (lambda: polyop.run("topk", np.zeros(3)), TypeError, "missing required attribute `k`"),
+        (lambda: polyop.run("negate", np.zeros(3), alpha=1.0), TypeError, "unknown attribute `alpha`"),
+        (lambda: polyop.run("add", None, np.zeros(3)), TypeError, "input `x` is required"),
+    ],
+)
+def test_errors_and_recovery(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+    # the process survives and the next call works
+    np.testing.assert_array_equal(polyop.run("negate", np.array([1, -2], np.int64)), [-1, 2])
+
+
+def test_errors_never_crash_the_process():
+    # Run the nastiest inputs in a child so a crash would show up as a signal exit.
+    code = r"""
+import numpy as np, polyop
+bad = [
+    lambda: polyop.run("topk", np.zeros((2, 3)), k=-1),
+    lambda: polyop.run("topk", np.zeros((2, 3)), k=2**62),
+    lambda: polyop.run("softmax", np.zeros((2, 3)), axis=-2**62),
+    lambda: polyop.run("conv2d", np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 3)), stride=0),
+    lambda: polyop.run("conv2d", np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 3)), padding=-5),
+    lambda: polyop.run("topk", np.zeros(3), k=2**70),
+    lambda: polyop.infer("add", [((2**62, 2**62), "float32"), ((1,), "float32")]),
+]
+n = 0
+for b in bad:
+    try:
+        b()
+    except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError):
+        n += 1
+print("raised", n, "of", len(bad))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "raised" in p.stdout
+
+
+def test_gil_is_released_during_compute():
+    # Two threads running a large kernel concurrently must both finish with right answers.
+    x = np.random.default_rng(3).normal(size=(512, 1024)).astype(np.float32)
+    want = np.maximum(x, 0)
+    outs = [None, None]
+
+    def work(i):
+        outs[i] = polyop.run("relu", x)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for o in outs:
+        np.testing.assert_array_equal(o, want)
+
+
+def test_library_path(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown framework"):
+        polyop.library_path("mxnet")
+    monkeypatch.setenv("POLYOP_LIB_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="cargo build --release"):
+        polyop.library_path("torch")
+    (tmp_path / "libpolyop_xla.so").write_bytes(b"")
+    assert polyop.library_path("xla") == str((tmp_path / "libpolyop_xla.so").resolve())
+    assert polyop.library_path("jax") == polyop.library_path("xla")
+
+
+def test_no_framework_imported():
+    code = "import sys, polyop; polyop.ops(); print([m for m in ('torch','tensorflow','jax','onnxruntime') if m in sys.modules])"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_cli_lists_ops():
+    p = subprocess.run([sys.executable, "-m", "polyop", "ops"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "topk(Tensor x, int k, int axis=-1, bool largest=True)" in p.stdout
+    assert not any(line.startswith("rms_norm_backward") for line in p.stdout.splitlines())
+    p = subprocess.run([sys.executable, "-m", "polyop", "ops", "--all"], capture_output=True, text=True, timeout=60)
+    assert any(line.startswith("rms_norm_backward ") for line in p.stdout.splitlines())
