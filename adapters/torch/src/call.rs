@@ -451,8 +451,8 @@ pub(crate) fn call(
             return Err(Error::unsupported(
                 "data-dependent output shape: the result's size depends on the input values, \
                  so it cannot be computed for meta/fake tensors (torch.compile, FakeTensor); \
-                 run it eagerly, or use `import polyop.torch; polyop.torch.load()` with \
-                 torch._dynamo.config.capture_dynamic_output_shape_ops = True",
+                 run it eagerly, or load the ops with `polyop.torch.load()`, which registers a \
+                 fake kernel giving it an unbacked symbolic size",
             )
             .in_op(op.name));
         }

@@ -1,0 +1,206 @@
+"""PyTorch glue for polyop.
+
+``libpolyop_torch.so`` alone gives every op as ``torch.ops.polyop.<name>`` (CPU + Meta kernels,
+schemas, errors): ``torch.ops.load_library(polyop.library_path("torch"))`` is enough for
+forward computation, FakeTensor, ``torch.compile`` and ``torch.library.opcheck``.
+
+This module adds what only Python can add:
+
+- autograd for every op that declares a backward, through ``torch.library.register_autograd``,
+  driven generically by the backward metadata of ``polyop.op_info(name)["backward"]``: the
+  gradient is computed by calling the registered backward op (``torch.ops.polyop.<op>_backward``
+  or whichever op the metadata names). There is no gradient formula here.
+- a fake (meta) implementation for ops with a data-dependent output shape (``nonzero``) whose
+  unknown dims become unbacked symbolic sizes, so they trace under ``torch.compile`` when
+  ``torch._dynamo.config.capture_dynamic_output_shape_ops = True``.
+
+Usage::
+
+    import polyop.torch
+    ops = polyop.torch.load()          # == torch.ops.polyop, idempotent
+    y = ops.rms_norm(x, w, eps=1e-5)
+    y.sum().backward()
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+import polyop
+
+__all__ = ["load", "ops", "library_path"]
+
+_lock = threading.Lock()
+_loaded = False
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def library_path() -> str:
+    """Path of ``libpolyop_torch.so``."""
+    return polyop.library_path("torch")
+
+
+def _library_loaded() -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"polyop::{polyop.ops()[0]['name']}", "CPU"
+        )
+    except Exception:
+        return False
+
+
+def load():
+    """Load ``libpolyop_torch.so`` (once) and register autograd; returns ``torch.ops.polyop``."""
+    global _loaded
+    with _lock:
+        if _loaded:
+            return torch.ops.polyop
+        if not _library_loaded():
+            torch.ops.load_library(library_path())
+        for info in polyop.ops():
+            if info["flags"]["data_dependent_shape"]:
+                _register_dynamic_fake(info)
+            if info.get("backward"):
+                _register_autograd(info)
+        _loaded = True
+    return torch.ops.polyop
+
+
+def ops():
+    """``torch.ops.polyop``, loading the library first if needed."""
+    return load()
+
+
+# --------------------------------------------------------------------------------------------
+# autograd
+
+
+def _arg_layout(info: dict[str, Any]):
+    """Positions of the tensor inputs and attributes among the op's arguments (schema order)."""
+    schema = _schema(info["name"])
+    tensor_pos, attr_pos = [], {}
+    for i, a in enumerate(schema.arguments):
+        if "Tensor" in str(a.type):
+            tensor_pos.append(i)
+        else:
+            attr_pos[a.name] = i
+    return schema, tensor_pos, attr_pos
+
+
+def _schema(name: str):
+    return getattr(torch.ops.polyop, name).default._schema
+
+
+def _register_autograd(info: dict[str, Any]) -> None:
+    name = info["name"]
+    bwd = info["backward"]
+    bwd_name = bwd["op"]
+    bwd_inputs = [(kind, int(i)) for kind, i in bwd["inputs"]]
+    bwd_outputs = [int(i) for i in bwd["outputs"]]
+    _, tensor_pos, attr_pos = _arg_layout(info)
+    bwd_schema = _schema(bwd_name)
+    bwd_tensor_args = [
+        a.name for a in bwd_schema.arguments if "Tensor" in str(a.type)
+    ]
+    bwd_attr_names = [a.name for a in bwd_schema.arguments if "Tensor" not in str(a.type)]
+    bwd_op = getattr(torch.ops.polyop, bwd_name).default
+    n_args = len(tensor_pos) + len(attr_pos)
+    need_inputs = sorted({i for k, i in bwd_inputs if k == "input"})
+    need_outputs = sorted({i for k, i in bwd_inputs if k == "output"})
+
+    def setup_context(ctx, inputs, output):
+        outs = output if isinstance(output, (tuple, list)) else (output,)
+        tensors = [inputs[p] for p in tensor_pos]
+        ctx.polyop_present = [t is not None for t in tensors]
+        ctx.polyop_attrs = {n: inputs[p] for n, p in attr_pos.items()}
+        ctx.polyop_out_meta = [(o.shape, o.dtype) for o in outs]
+        non_diff = [o for o in outs if o.dtype not in _FLOAT_DTYPES]
+        if non_diff:
+            ctx.mark_non_differentiable(*non_diff)
+        ctx.save_for_backward(
+            *[tensors[i] for i in need_inputs], *[outs[i] for i in need_outputs]
+        )
+
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        saved_in = dict(zip(need_inputs, saved[: len(need_inputs)]))
+        saved_out = dict(zip(need_outputs, saved[len(need_inputs) :]))
+        args = []
+        for kind, i in bwd_inputs:
+            if kind == "grad":
+                g = grads[i] if i < len(grads) else None
+                if g is None:
+                    shape, dtype = ctx.polyop_out_meta[i]
+                    g = torch.zeros(shape, dtype=dtype)
+                args.append(g)
+            elif kind == "input":
+                args.append(saved_in[i])
+            else:
+                args.append(saved_out[i])
+        kwargs = dict(zip(bwd_tensor_args, args))
+        for n in bwd_attr_names:
+            kwargs[n] = ctx.polyop_attrs[n]
+        res = bwd_op(**kwargs)
+        res = res if isinstance(res, (tuple, list)) else (res,)
+        grads_in: list[Any] = [None] * n_args
+        for j, fwd_input in enumerate(bwd_outputs):
+            # Drop gradients of absent optional inputs (the kernel may still produce one).
+            if ctx.polyop_present[fwd_input]:
+                grads_in[tensor_pos[fwd_input]] = res[j]
+        return tuple(grads_in)
+
+    torch.library.register_autograd(
+        f"polyop::{name}", backward, setup_context=setup_context
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# data-dependent output shapes under torch.compile
+
+
+def _register_dynamic_fake(info: dict[str, Any]) -> None:
+    """Fake kernel for a data-dependent op: dims polyop.infer leaves unknown become unbacked
+    symbolic sizes. Replaces the library's Meta kernel (which refuses, as it must without
+    Python), so FakeTensor / torch.compile can trace the op."""
+    name = info["name"]
+    _, tensor_pos, attr_pos = _arg_layout(info)
+
+    def fake(*args, **kwargs):
+        schema = _schema(name)
+        values = list(args) + [None] * (len(schema.arguments) - len(args))
+        for i, a in enumerate(schema.arguments):
+            if a.name in kwargs:
+                values[i] = kwargs[a.name]
+            elif i >= len(args) and a.has_default_value():
+                values[i] = a.default_value
+        specs = []
+        tensors = [values[p] for p in tensor_pos]
+        for t in tensors:
+            if t is None:
+                specs.append(None)
+            else:
+                specs.append(
+                    (
+                        tuple(d if isinstance(d, int) else None for d in t.shape),
+                        str(t.dtype).removeprefix("torch."),
+                    )
+                )
+        attrs = {n: values[p] for n, p in attr_pos.items()}
+        out_specs = polyop.infer(name, specs, **attrs)
+        ctx = torch.library.get_ctx()
+        device = next(t.device for t in tensors if t is not None)
+        outs = []
+        for shape, dtype in out_specs:
+            if shape is None:
+                raise RuntimeError(
+                    f"polyop.{name}: output rank is unknown before running; cannot trace"
+                )
+            dims = [ctx.new_dynamic_size() if d is None else d for d in shape]
+            outs.append(torch.empty(dims, dtype=getattr(torch, dtype), device=device))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    torch.library.register_fake(f"polyop::{name}", fake, allow_override=True)
