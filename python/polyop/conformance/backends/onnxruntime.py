@@ -1,0 +1,108 @@
+"""The ONNX Runtime backend: each case as a one-node ``ai.polyop`` model (concrete input
+shapes, absent optional inputs as empty names), run in an ``onnxruntime.InferenceSession``
+whose options register ``libpolyop_onnxruntime.so``.
+
+Attributes go to the model with their natural ONNX types (SPEC §1: bool -> INT 0/1, int -> INT,
+float -> FLOAT, str -> STRING) and are *not* checked in Python, so bad-attribute cases exercise
+the library's own validation. ONNX Runtime inference has no gradients: ``grad`` is reported
+unsupported."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+import polyop
+import polyop.onnxruntime as pox
+
+from ..harness import GRAD, Backend, Case
+
+
+def _attribute(name: str, value) -> onnx.AttributeProto:
+    if isinstance(value, (bool, np.bool_)):
+        return helper.make_attribute(name, int(value), attr_type=onnx.AttributeProto.INT)
+    if isinstance(value, (int, np.integer)):
+        return helper.make_attribute(name, int(value), attr_type=onnx.AttributeProto.INT)
+    if isinstance(value, (float, np.floating)):
+        return helper.make_attribute(name, float(value), attr_type=onnx.AttributeProto.FLOAT)
+    return helper.make_attribute(name, value)
+
+
+def _float_attr_survives(value) -> bool:
+    """ONNX float attributes are float32; the library reads them back as the shortest
+    decimal of that float32. True when that gives back exactly ``value``."""
+    if not isinstance(value, (float, np.floating)) or isinstance(value, bool):
+        return True
+    v = float(value)
+    if not np.isfinite(v):
+        return True
+    return float(str(np.float32(v))) == v
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    modes = ("session",)
+    version = f"onnxruntime {ort.__version__}"
+
+    def unsupported(self, case: Case, mode: str) -> str | None:
+        info = polyop.op_info(case.op)
+        if mode == GRAD:
+            return (
+                "ONNX Runtime inference has no gradients (the backward ops are exposed as "
+                "ordinary ai.polyop ops, e.g. RmsNormBackward, and run forward like any op)"
+            )
+        if info["flags"]["inplace"]:
+            return (
+                "in-place ops exist only on the torch surface; ONNX Runtime exposes the "
+                "out-of-place op"
+            )
+        for k, v in case.attrs.items():
+            if not _float_attr_survives(v):
+                return (
+                    f"ONNX float attributes are float32: {k}={v!r} does not survive the "
+                    "round trip, so the result cannot be bitwise identical to float64 native"
+                )
+        return None
+
+    def _model(self, case: Case) -> onnx.ModelProto:
+        info = polyop.op_info(case.op)
+        in_names = [a["name"] for a in info["inputs"]]
+        out_names = [o["name"] for o in info["outputs"]]
+        present = [(n, np.asarray(a)) for n, a in zip(in_names, case.inputs) if a is not None]
+        node = helper.make_node(
+            info["onnx_name"],
+            [n if a is not None else "" for n, a in zip(in_names, case.inputs)],
+            out_names,
+            domain=pox.DOMAIN,
+        )
+        node.attribute.extend(_attribute(k, v) for k, v in case.attrs.items())
+        graph = helper.make_graph(
+            [node],
+            f"conformance_{case.op}",
+            [helper.make_tensor_value_info(n, pox.tensor_type(a.dtype), list(a.shape)) for n, a in present],
+            # Untyped outputs: ONNX Runtime takes types and shapes from the library's inference.
+            [helper.make_empty_tensor_value_info(n) for n in out_names],
+        )
+        return helper.make_model(
+            graph,
+            opset_imports=[
+                helper.make_opsetid("", pox.ONNX_OPSET),
+                helper.make_opsetid(pox.DOMAIN, pox.OPSET_VERSION),
+            ],
+            ir_version=pox.IR_VERSION,
+        )
+
+    def run(self, case: Case, mode: str) -> list[np.ndarray]:
+        if mode != "session":
+            raise ValueError(f"unknown mode {mode}")
+        info = polyop.op_info(case.op)
+        sess = pox.session(self._model(case))
+        in_names = [a["name"] for a in info["inputs"]]
+        feed = {n: pox._feed(np.asarray(a)) for n, a in zip(in_names, case.inputs) if a is not None}
+        out_names = [o["name"] for o in info["outputs"]]
+        return [np.asarray(o) for o in pox._run_ortvalues(sess, feed, out_names)]
+
+
+BACKEND = OnnxRuntimeBackend()

@@ -1,0 +1,302 @@
+"""polyop ops in ONNX Runtime: session options with the library registered, and ONNX model
+helpers for the ``ai.polyop`` domain.
+
+The raw library works on its own (``SessionOptions.register_custom_ops_library(path)``); this
+module only adds conveniences::
+
+    import polyop.onnxruntime as pox
+
+    so = pox.session_options(intra_op_num_threads=2)     # SessionOptions + the library
+    node = pox.make_node("topk", ["x"], ["v", "i"], k=2)  # an ai.polyop NodeProto
+    model = pox.make_model("topk", [x], k=2)              # a one-node ModelProto
+    values, indices = pox.run("topk", x, k=2)             # build + InferenceSession + run
+
+Attributes follow SPEC §1: a ``bool`` is an INT attribute 0/1 (ONNX has no bool), a ``float``
+a FLOAT, a ``str`` a STRING; absent optional inputs are empty input names.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+import polyop
+
+__all__ = [
+    "DOMAIN",
+    "OPSET_VERSION",
+    "library_path",
+    "session_options",
+    "op_type",
+    "make_node",
+    "make_model",
+    "session",
+    "run",
+    "tensor_type",
+]
+
+#: The ONNX domain of every polyop op, and its (only) version.
+DOMAIN = "ai.polyop"
+OPSET_VERSION = 1
+#: Default opset for the standard ONNX domain in models built here (Gelu needs 20).
+ONNX_OPSET = 20
+#: IR version of models built here: IR 10 (ONNX 1.16) is understood by every onnxruntime
+#: release the library supports that also has opset 20 (the onnx package may default to a
+#: newer IR than the installed onnxruntime accepts).
+IR_VERSION = 10
+
+_DTYPE_TO_ONNX = {
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+    "float32": TensorProto.FLOAT,
+    "float64": TensorProto.DOUBLE,
+    "int32": TensorProto.INT32,
+    "int64": TensorProto.INT64,
+    "bool": TensorProto.BOOL,
+    "int8": TensorProto.INT8,
+    "uint8": TensorProto.UINT8,
+    "int16": TensorProto.INT16,
+    "uint16": TensorProto.UINT16,
+    "uint32": TensorProto.UINT32,
+    "uint64": TensorProto.UINT64,
+}
+
+
+def library_path() -> str:
+    """Path of ``libpolyop_onnxruntime.so`` (``$POLYOP_LIB_DIR`` or the checkout's build)."""
+    return polyop.library_path("onnxruntime")
+
+
+def session_options(**kw: Any) -> ort.SessionOptions:
+    """A new ``onnxruntime.SessionOptions`` with the polyop library registered. Keyword
+    arguments set ``SessionOptions`` attributes (``intra_op_num_threads=2``, ...)."""
+    so = ort.SessionOptions()
+    for k, v in kw.items():
+        if not hasattr(so, k):
+            raise TypeError(f"polyop: onnxruntime.SessionOptions has no attribute {k!r}")
+        setattr(so, k, v)
+    so.register_custom_ops_library(library_path())
+    return so
+
+
+def op_type(op: str) -> str:
+    """The ONNX op type of polyop op ``op`` (``"topk"`` -> ``"TopK"``)."""
+    return polyop.op_info(op)["onnx_name"]
+
+
+def tensor_type(dtype: Any) -> int:
+    """ONNX ``TensorProto`` element type for a NumPy dtype or polyop dtype name."""
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name in _DTYPE_TO_ONNX:
+        return _DTYPE_TO_ONNX[name]
+    return helper.np_dtype_to_tensor_dtype(np.dtype(name))
+
+
+def _onnx_attr(op: str, decl: dict, value: Any) -> onnx.AttributeProto:
+    """One attribute as ONNX wants it for the schema's declared type."""
+    name, ty = decl["name"], decl["type"]
+    A = onnx.AttributeProto
+    try:
+        if ty == "bool":
+            if not isinstance(value, (bool, int, np.bool_, np.integer)) or int(value) not in (0, 1):
+                raise TypeError
+            return helper.make_attribute(name, int(value), attr_type=A.INT)
+        if ty == "int":
+            if not isinstance(value, (int, np.integer)):
+                raise TypeError
+            return helper.make_attribute(name, int(value), attr_type=A.INT)
+        if ty == "float":
+            if not isinstance(value, (float, int, np.floating, np.integer)) or isinstance(value, bool):
+                raise TypeError
+            return helper.make_attribute(name, float(value), attr_type=A.FLOAT)
+        if ty == "str":
+            if not isinstance(value, str):
+                raise TypeError
+            return helper.make_attribute(name, value, attr_type=A.STRING)
+        if ty == "int[]":
+            return helper.make_attribute(name, [int(v) for v in value], attr_type=A.INTS)
+        if ty == "float[]":
+            return helper.make_attribute(name, [float(v) for v in value], attr_type=A.FLOATS)
+    except TypeError:
+        raise TypeError(
+            f"polyop.{op}: attribute `{name}` must be {ty}, got {type(value).__name__}"
+        ) from None
+    raise TypeError(f"polyop.{op}: attribute `{name}` has unsupported type {ty}")
+
+
+def make_node(
+    op: str,
+    inputs: Sequence[str | None],
+    outputs: Sequence[str],
+    name: str | None = None,
+    **attrs: Any,
+) -> onnx.NodeProto:
+    """An ``ai.polyop`` node for polyop op ``op`` (snake_case name, e.g. ``"rms_norm"``).
+
+    ``inputs``: tensor names in schema order; ``None`` or ``""`` for an absent optional input.
+    Attributes are checked against the schema (unknown names are an error) and typed per SPEC
+    §1 (bool -> INT 0/1, float -> FLOAT, str -> STRING). Attributes left out take the schema
+    default inside the kernel.
+    """
+    info = polyop.op_info(op)
+    decls = {a["name"]: a for a in info["attrs"]}
+    unknown = [k for k in attrs if k not in decls]
+    if unknown:
+        raise TypeError(
+            f"polyop.{op}: unknown attribute `{unknown[0]}` (this op takes: "
+            f"{', '.join(decls) or 'no attributes'})"
+        )
+    if len(inputs) > info["num_inputs"]:
+        raise TypeError(
+            f"polyop.{op}: expected at most {info['num_inputs']} input(s), got {len(inputs)}"
+        )
+    node = helper.make_node(
+        info["onnx_name"],
+        ["" if i is None else i for i in inputs],
+        list(outputs),
+        name=name,
+        domain=DOMAIN,
+    )
+    node.attribute.extend(_onnx_attr(op, decls[k], v) for k, v in attrs.items())
+    return node
+
+
+def _spec(x: Any) -> tuple[tuple | None, str] | None:
+    """An array, a ``(shape, dtype)`` spec or ``None`` as ``(shape, dtype_name)``."""
+    if x is None:
+        return None
+    if isinstance(x, tuple) and len(x) == 2 and not isinstance(x[0], (int, np.integer)):
+        shape, dtype = x
+        dname = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+        return (None if shape is None else tuple(shape), dname)
+    a = np.asarray(x)
+    return (tuple(a.shape), a.dtype.name)
+
+
+def make_model(
+    op: str,
+    inputs: Iterable[Any],
+    **attrs: Any,
+) -> onnx.ModelProto:
+    """A one-node model running polyop op ``op``.
+
+    ``inputs``: one entry per schema tensor input, each a NumPy array (its shape and dtype are
+    used), a ``(shape, dtype)`` spec (``None`` for unknown dims, ``shape=None`` for unknown
+    rank) or ``None`` for an absent optional input (an empty input name). Graph inputs and
+    outputs are named after the schema (``x``, ``weight``; ``values``, ``indices``). Output
+    types and shapes come from polyop's shape inference; when that rejects the inputs the
+    outputs are left untyped so the session reports the op's own error.
+    """
+    info = polyop.op_info(op)
+    specs = [_spec(x) for x in inputs]
+    in_names = [a["name"] for a in info["inputs"]][: len(specs)]
+    out_names = [o["name"] for o in info["outputs"]]
+    node = make_node(op, [n if s is not None else "" for n, s in zip(in_names, specs)], out_names, **attrs)
+    graph_inputs = [
+        helper.make_tensor_value_info(n, tensor_type(s[1]), None if s[0] is None else list(s[0]))
+        for n, s in zip(in_names, specs)
+        if s is not None
+    ]
+    try:
+        out_specs = polyop.infer(op, specs, **attrs)
+    except (TypeError, ValueError):
+        out_specs = None
+    if out_specs is None:
+        graph_outputs = [helper.make_empty_tensor_value_info(n) for n in out_names]
+    else:
+        graph_outputs = [
+            helper.make_tensor_value_info(n, tensor_type(d), None if shp is None else list(shp))
+            for n, (shp, d) in zip(out_names, out_specs)
+        ]
+    graph = helper.make_graph([node], f"polyop_{op}", graph_inputs, graph_outputs)
+    return helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", ONNX_OPSET),
+            helper.make_opsetid(DOMAIN, OPSET_VERSION),
+        ],
+        ir_version=IR_VERSION,
+        producer_name="polyop",
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_session(model_bytes: bytes, threads: int) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        model_bytes, session_options(intra_op_num_threads=threads), providers=["CPUExecutionProvider"]
+    )
+
+
+def session(model: onnx.ModelProto | bytes, intra_op_num_threads: int = 0) -> ort.InferenceSession:
+    """An ``InferenceSession`` (CPU) for ``model`` with the polyop library registered.
+    Sessions for identical model bytes are reused."""
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return _cached_session(data, intra_op_num_threads)
+
+
+def _feed(a: np.ndarray) -> Any:
+    # (np.ascontiguousarray would turn a rank-0 array into rank 1.)
+    a = np.asarray(a, order="C")
+    if a.dtype.name == "bfloat16":
+        # onnxruntime's NumPy bridge has no bfloat16: hand it the bits with the ONNX type.
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), TensorProto.BFLOAT16)
+    return a
+
+
+def run(op: str, *arrays: Any, intra_op_num_threads: int = 0, **attrs: Any) -> Any:
+    """Run polyop op ``op`` through ONNX Runtime on NumPy arrays (``None`` for an absent
+    optional input): builds a one-node model with the arrays' shapes, creates (or reuses) an
+    ``InferenceSession`` and runs it. Returns one array for a single-output op, a tuple
+    otherwise — like ``polyop.run``. Errors are onnxruntime's exceptions with the op's
+    "polyop.<op>: ..." message."""
+    info = polyop.op_info(op)
+    model = make_model(op, arrays, **attrs)
+    sess = session(model, intra_op_num_threads)
+    in_names = [a["name"] for a in info["inputs"]]
+    feed = {n: _feed(np.asarray(a)) for n, a in zip(in_names, arrays) if a is not None}
+    out_names = [o["name"] for o in info["outputs"]]
+    if any(not isinstance(v, np.ndarray) for v in feed.values()) or _has_bf16_output(model):
+        outs = _run_ortvalues(sess, feed, out_names)
+    else:
+        outs = sess.run(out_names, feed)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _has_bf16_output(model: onnx.ModelProto) -> bool:
+    return any(
+        o.type.tensor_type.elem_type == TensorProto.BFLOAT16 for o in model.graph.output
+    )
+
+
+def _run_ortvalues(sess: ort.InferenceSession, feed: dict, out_names: list[str]) -> list[np.ndarray]:
+    """Run with OrtValues so bfloat16 tensors can cross (as raw bits)."""
+    import ml_dtypes
+
+    vals = {
+        k: v if isinstance(v, ort.OrtValue) else ort.OrtValue.ortvalue_from_numpy(v)
+        for k, v in feed.items()
+    }
+    res = sess.run_with_ort_values(out_names, vals)
+    outs = []
+    for r in res:
+        if r.data_type() == "tensor(bfloat16)":
+            # Read the raw bits through a uint16 copy of the tensor.
+            outs.append(_bf16_numpy(r).view(ml_dtypes.bfloat16))
+        else:
+            outs.append(r.numpy())
+    return outs
+
+
+def _bf16_numpy(v: ort.OrtValue) -> np.ndarray:
+    import ctypes
+
+    shape = v.shape()
+    n = int(np.prod(shape)) if shape else 1
+    buf = (ctypes.c_uint16 * max(n, 1)).from_address(v.data_ptr()) if n else None
+    out = np.frombuffer(buf, dtype=np.uint16, count=n).copy() if n else np.zeros(0, np.uint16)
+    return out.reshape(shape)
