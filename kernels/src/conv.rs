@@ -61,6 +61,12 @@ fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>>
             "padding must be >= 0, got {padding}"
         )));
     }
+    if padding > i32::MAX as i64 || stride > i32::MAX as i64 {
+        return Err(Error::invalid(format!(
+            "stride={stride} / padding={padding} too large (at most {})",
+            i32::MAX
+        )));
+    }
     let (s, p) = (stride as usize, padding as usize);
     let unknown = vec![None; 4];
     let x = ctx.dims(xi).map(<[Dim]>::to_vec);

@@ -233,6 +233,12 @@ fn conv2d_errors_and_shape_inference() {
         &[("padding", int(-1))],
         "padding must be >= 0, got -1",
     );
+    assert_err_contains(
+        "conv2d",
+        &[Some(&x), Some(&w), None],
+        &[("padding", int(i64::MAX))],
+        "too large",
+    );
     let w5 = f64t(&[0.0; 2 * 3 * 25], &[2, 3, 5, 5]);
     assert_err_contains(
         "conv2d",
