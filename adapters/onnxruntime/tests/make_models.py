@@ -53,6 +53,13 @@ def main():
         ],
         [helper.make_tensor_value_info("z", TP.FLOAT, None)],
     )
+    # A test-only op from the Rust test's own registry (not a stock op).
+    save(
+        "boom",
+        [helper.make_node("Boom", ["x"], ["y"], domain="ai.polyop")],
+        [helper.make_tensor_value_info("x", TP.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+    )
 
 
 if __name__ == "__main__":

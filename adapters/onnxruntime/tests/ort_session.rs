@@ -126,3 +126,103 @@ fn bad_broadcast_is_an_error_and_the_session_keeps_working() -> Result<()> {
     assert_eq!(z, &[11.0, 22.0]);
     Ok(())
 }
+
+// ---- any registry, and panics inside onnxruntime's thread pool -----------------------------
+
+mod custom_registry {
+    use super::*;
+    use kernel_core::{
+        parallel_for, DType, InferCtx, KernelCtx, OpDef, Registry, Result as KResult, ShapeOut,
+        SharedMut,
+    };
+    use ort::AsPointer;
+
+    fn boom_infer(ctx: &InferCtx) -> KResult<Vec<ShapeOut>> {
+        Ok(vec![ctx.input(0).shape.clone()])
+    }
+
+    /// `2 * x`, element chunks on the host pool; panics (inside a pool task) on a negative.
+    fn boom_cpu(ctx: &mut KernelCtx) -> KResult<()> {
+        let pool = ctx.pool;
+        let x = ctx.inputs[0].as_ref().expect("x").contiguous::<f32>()?;
+        let out = ctx.outputs[0].as_mut_slice::<f32>()?;
+        let n = out.len();
+        let shared = SharedMut::new(out);
+        parallel_for(pool, n, 1, |r| {
+            for i in r.clone() {
+                if x[i] < 0.0 {
+                    panic!("negative input at {i}");
+                }
+            }
+            // SAFETY: parallel_for hands out disjoint ranges of 0..n.
+            let o = unsafe { shared.slice(r.start, r.len()) };
+            for (j, i) in r.enumerate() {
+                o[j] = 2.0 * x[i];
+            }
+        });
+        Ok(())
+    }
+
+    fn registry() -> &'static Registry {
+        static R: OnceLock<Registry> = OnceLock::new();
+        R.get_or_init(|| {
+            let mut r = Registry::new();
+            r.register(
+                OpDef::builder("boom(Tensor x) -> Tensor")
+                    .dtypes(&[DType::F32])
+                    .infer(boom_infer)
+                    .cpu(boom_cpu)
+                    .build()
+                    .expect("valid op"),
+            )
+            .expect("registered");
+            r
+        })
+    }
+
+    unsafe extern "system" fn get_api(_version: u32) -> *const ort::sys::OrtApi {
+        ort::api::ort() as *const ort::sys::OrtApi
+    }
+    unsafe extern "system" fn version_string() -> *const std::ffi::c_char {
+        c"test".as_ptr()
+    }
+    /// An `OrtApiBase` over the table `ort` loaded (ort does not expose the library's own).
+    static API_BASE: ort::sys::OrtApiBase = ort::sys::OrtApiBase {
+        GetApi: get_api,
+        GetVersionString: version_string,
+    };
+
+    #[test]
+    fn a_test_registry_registered_directly_and_a_panic_in_a_pool_task() -> Result<()> {
+        let _ = env();
+        let bytes = std::fs::read(manifest_dir().join("tests/models/boom.onnx"))?;
+        let mut builder = Session::builder(env())
+            .map_err(|e| anyhow!("{e}"))?
+            .with_intra_threads(2)
+            .map_err(|e| anyhow!("{e}"))?;
+        // The adapter's generic entry point, with a registry that is not the stock one.
+        let st = unsafe {
+            polyop_onnxruntime::register_custom_ops(registry(), builder.ptr_mut(), &API_BASE)
+        };
+        assert!(st.is_null(), "registration failed");
+        let mut s = builder
+            .commit_from_memory(&bytes)
+            .map_err(|e| anyhow!("{e}"))?;
+        let good: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        let mut bad = good.clone();
+        bad[777] = -1.0;
+        let err = s
+            .run(ort::inputs!["x" => Tensor::from_array(([1000usize], bad))?])
+            .err()
+            .ok_or_else(|| anyhow!("a panicking kernel must fail"))?;
+        let msg = err.to_string();
+        assert!(msg.contains("polyop.boom"), "{msg}");
+        assert!(msg.contains("panic caught"), "{msg}");
+        assert!(msg.contains("negative input at 777"), "{msg}");
+        // The session and the pool keep working.
+        let out = s.run(ort::inputs!["x" => Tensor::from_array(([1000usize], good.clone()))?])?;
+        let (_, y) = out["y"].try_extract_tensor::<f32>()?;
+        assert!(y.iter().zip(&good).all(|(a, b)| *a == 2.0 * b));
+        Ok(())
+    }
+}
