@@ -1,0 +1,152 @@
+"""Timing utilities and the shared workload definitions for the polyop benchmarks.
+
+Each framework module (fw_torch.py, ...) turns the workloads below into pairs of callables,
+(polyop op, the framework's built-in op for the same work), and `measure` times both in the same
+process, interleaved, so the ratio survives a noisy machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+# Input sizes. "quick" keeps CI's smoke run to seconds; "full" is what docs/benchmarks.md reports.
+SIZES = {
+    "quick": dict(tiny=8, big=1 << 16, rows=64, row_len=1024, conv=(1, 16, 28, 28, 16), sweep=[1 << 10, 1 << 14, 1 << 16]),
+    "full": dict(tiny=8, big=1 << 24, rows=16384, row_len=1024, conv=(1, 64, 56, 56, 64), sweep=[1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]),
+}
+
+OPS = ["negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_norm", "topk", "conv2d", "nonzero"]
+
+
+@dataclasses.dataclass
+class Workload:
+    """One op on one input set. `work` is bytes moved (memory-bound ops) or FLOPs (conv2d)."""
+
+    op: str
+    kind: str  # "overhead" | "throughput" | "sweep"
+    label: str
+    inputs: list  # numpy arrays (None for absent optionals)
+    attrs: dict
+    work: float
+    unit: str  # "GB/s" | "GFLOP/s" | "us"
+
+
+@dataclasses.dataclass
+class Result:
+    framework: str
+    op: str
+    kind: str
+    label: str
+    polyop_s: float  # median seconds per call
+    builtin_s: float
+    baseline: str  # what the built-in is
+    unit: str
+    work: float
+    extra: dict = dataclasses.field(default_factory=dict)  # e.g. torch custom_op timing
+
+    @property
+    def ratio(self) -> float:
+        """Throughput ratio polyop / built-in (>1 means polyop is faster)."""
+        return self.builtin_s / self.polyop_s
+
+    def rate(self, seconds: float) -> float:
+        if self.unit == "us":
+            return seconds * 1e6
+        return self.work / seconds / 1e9
+
+
+def make_workloads(size: str) -> list[Workload]:
+    s = SIZES[size]
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    w: list[Workload] = []
+
+    def ew(op, n, kind, label, nin=1, attrs=None):
+        xs = [rng.standard_normal(n).astype(f32) for _ in range(nin)]
+        return Workload(op, kind, label, xs, attrs or {}, 4.0 * n * (nin + 1), "GB/s" if kind != "overhead" else "us")
+
+    for kind, n, label in [("overhead", s["tiny"], f"{s['tiny']} elems"), ("throughput", s["big"], f"{s['big']} elems")]:
+        w.append(ew("negate", n, kind, label))
+        w.append(ew("add", n, kind, label, nin=2))
+        w.append(ew("scale", n, kind, label, attrs={"alpha": 1.5}))
+        w.append(ew("relu", n, kind, label))
+        w.append(ew("add_relu", n, kind, label, nin=2))
+        w.append(ew("gelu", n, kind, label, attrs={"approximate": "none"}))
+    # Row ops: tiny = one row of 8; big = rows x row_len.
+    for kind, shape, label in [
+        ("overhead", (1, s["tiny"]), f"1x{s['tiny']}"),
+        ("throughput", (s["rows"], s["row_len"]), f"{s['rows']}x{s['row_len']}"),
+    ]:
+        x = rng.standard_normal(shape).astype(f32)
+        n = x.size
+        unit = "GB/s" if kind != "overhead" else "us"
+        w.append(Workload("softmax", kind, label, [x], {"axis": -1}, 8.0 * n, unit))
+        wt = rng.standard_normal(shape[-1]).astype(f32)
+        w.append(Workload("rms_norm", kind, label, [x, wt], {"eps": 1e-6}, 8.0 * n, unit))
+        k = min(8, shape[-1])
+        w.append(Workload("topk", kind, label + f" k={k}", [x], {"k": k, "axis": -1, "largest": True}, 4.0 * n, unit))
+        xz = np.where(rng.random(shape) < 0.5, 0, x).astype(f32)
+        w.append(Workload("nonzero", kind, label, [xz], {}, 4.0 * n, unit))
+    # conv2d: overhead on a tiny 1x1x2x2 input, throughput on a ResNet-like 3x3 layer.
+    xi = rng.standard_normal((1, 1, 4, 2)).astype(f32)
+    wi = rng.standard_normal((1, 1, 1, 1)).astype(f32)
+    w.append(Workload("conv2d", "overhead", "1x1x4x2 (8 elems)", [xi, wi, None], {"stride": 1, "padding": 0}, 0.0, "us"))
+    nb, c, h, ww, o = s["conv"]
+    xi = rng.standard_normal((nb, c, h, ww)).astype(f32)
+    wi = (rng.standard_normal((o, c, 3, 3)) * 0.1).astype(f32)
+    bi = rng.standard_normal(o).astype(f32)
+    flops = 2.0 * nb * o * h * ww * c * 9
+    w.append(Workload("conv2d", "throughput", f"{nb}x{c}x{h}x{ww} 3x3 -> {o}", [xi, wi, bi], {"stride": 1, "padding": 1}, flops, "GFLOP/s"))
+    # Size sweep for the throughput-vs-size plot.
+    for n in s["sweep"]:
+        w.append(ew("add", n, "sweep", str(n), nin=2))
+    return w
+
+
+def measure(fns: dict[str, Callable[[], object]], min_time: float = 0.25, repeats: int = 7) -> dict[str, float]:
+    """Median seconds per call of each callable. Calls are batched so each sample lasts at
+    least min_time/repeats, and the callables are interleaved sample by sample so drift in the
+    machine's speed hits them equally."""
+    for f in fns.values():  # warm-up (compilation, caches, thread pools)
+        for _ in range(3):
+            f()
+    number = {}
+    for name, f in fns.items():
+        n = 1
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            dt = time.perf_counter() - t0
+            if dt >= min_time / repeats or n >= 1 << 20:
+                break
+            n *= 2
+        number[name] = n
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, f in fns.items():
+                n = number[name]
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    f()
+                samples[name].append((time.perf_counter() - t0) / n)
+    finally:
+        gc.enable()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def copy_bandwidth(nbytes: int = 1 << 26) -> float:
+    """Measured memory-copy bandwidth in GB/s (read + write counted), the physical limit for the
+    memory-bound ops."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    t = measure({"copy": lambda: np.copyto(dst, src)}, min_time=0.5)["copy"]
+    return 2.0 * nbytes / t / 1e9

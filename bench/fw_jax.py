@@ -1,0 +1,55 @@
+"""JAX: polyop.jax.<op> under jax.jit against jitted jax.numpy / jax.nn / jax.lax built-ins."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import polyop.jax as pj
+from common import Result, Workload, measure
+
+
+def _rms(x, w, eps):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _conv(x, w, b, stride, padding):
+    y = jax.lax.conv_general_dilated(x, w, (stride, stride), [(padding, padding)] * 2, dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    return y if b is None else y + b[None, :, None, None]
+
+
+BUILTIN = {
+    "negate": ("jnp.negative", lambda x: jnp.negative(x)),
+    "add": ("jnp.add", lambda x, y: jnp.add(x, y)),
+    "scale": ("x * alpha", lambda x, alpha: x * alpha),
+    "relu": ("jax.nn.relu", lambda x: jax.nn.relu(x)),
+    "add_relu": ("jax.nn.relu(x + y)", lambda x, y: jax.nn.relu(x + y)),
+    "gelu": ("jax.nn.gelu", lambda x, approximate: jax.nn.gelu(x, approximate=approximate == "tanh")),
+    "softmax": ("jax.nn.softmax", lambda x, axis: jax.nn.softmax(x, axis=axis)),
+    "rms_norm": ("composite (rsqrt, mean)", _rms),
+    "topk": ("jax.lax.top_k", lambda x, k, axis, largest: jax.lax.top_k(x, k)),
+    "conv2d": ("jax.lax.conv_general_dilated", _conv),
+}
+
+
+def run(workloads: list[Workload]) -> list[Result]:
+    results = []
+    for w in workloads:
+        if w.op == "nonzero":
+            continue  # data-dependent shape: refused under jit by design (see docs/xla.md)
+        xs = [None if a is None else jnp.asarray(a) for a in w.inputs]
+        name, builtin = BUILTIN[w.op]
+        attrs = dict(w.attrs)
+        pfn = jax.jit(lambda *a: getattr(pj, w.op)(*a, **attrs))
+        bfn = jax.jit(lambda *a: builtin(*a, *attrs.values()))
+        pcall = lambda: jax.block_until_ready(pfn(*xs))  # noqa: E731
+        fns = {"polyop": pcall, "builtin": lambda: jax.block_until_ready(bfn(*xs))}
+        t = measure(fns)
+        results.append(Result("jax", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work))
+    return results
+
+
+def versions() -> dict:
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}

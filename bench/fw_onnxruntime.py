@@ -1,0 +1,97 @@
+"""ONNX Runtime: one-node ai.polyop models against one-node (or two-node) models of ONNX's
+built-in ops, each run through InferenceSession.run."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+import polyop
+import polyop.onnxruntime as pox
+from common import Result, Workload, measure
+
+OPSET = 23  # RMSNormalization arrived in opset 23
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=list(inits))
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("ai.polyop", 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def _vi(name, a):
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), None)
+
+
+def polyop_model(w: Workload):
+    """The one-node ai.polyop model, built by the package's own helper (what users call)."""
+    return pox.make_model(w.op, w.inputs, **w.attrs).SerializeToString()
+
+
+def polyop_feeds(w: Workload) -> dict:
+    names = [a["name"] for a in polyop.op_info(w.op)["inputs"]]
+    return {n: x for n, x in zip(names, w.inputs) if x is not None}
+
+
+def builtin_model(w: Workload):
+    a = w.attrs
+    ins = [_vi(f"i{j}", x) for j, x in enumerate(w.inputs) if x is not None]
+    outs = ["o0"]
+    inits = []
+    op = w.op
+    if op == "negate":
+        nodes, what = [helper.make_node("Neg", ["i0"], ["o0"])], "Neg"
+    elif op == "add":
+        nodes, what = [helper.make_node("Add", ["i0", "i1"], ["o0"])], "Add"
+    elif op == "scale":
+        inits = [numpy_helper.from_array(np.array(a["alpha"], dtype=np.float32), "alpha")]
+        nodes, what = [helper.make_node("Mul", ["i0", "alpha"], ["o0"])], "Mul"
+    elif op == "relu":
+        nodes, what = [helper.make_node("Relu", ["i0"], ["o0"])], "Relu"
+    elif op == "add_relu":
+        nodes = [helper.make_node("Add", ["i0", "i1"], ["s"]), helper.make_node("Relu", ["s"], ["o0"])]
+        what = "Add + Relu"
+    elif op == "gelu":
+        nodes, what = [helper.make_node("Gelu", ["i0"], ["o0"], approximate=a["approximate"])], "Gelu"
+    elif op == "softmax":
+        nodes, what = [helper.make_node("Softmax", ["i0"], ["o0"], axis=a["axis"])], "Softmax"
+    elif op == "rms_norm":
+        nodes = [helper.make_node("RMSNormalization", ["i0", "i1"], ["o0"], axis=-1, epsilon=a["eps"])]
+        what = "RMSNormalization"
+    elif op == "topk":
+        inits = [numpy_helper.from_array(np.array([a["k"]], dtype=np.int64), "k")]
+        nodes = [helper.make_node("TopK", ["i0", "k"], ["o0", "o1"], axis=a["axis"], largest=int(a["largest"]))]
+        outs, what = ["o0", "o1"], "TopK"
+    elif op == "conv2d":
+        p = a["padding"]
+        names = ["i0", "i1"] + (["i2"] if w.inputs[2] is not None else [])
+        nodes = [helper.make_node("Conv", names, ["o0"], strides=[a["stride"]] * 2, pads=[p] * 4)]
+        what = "Conv"
+    elif op == "nonzero":
+        nodes, what = [helper.make_node("NonZero", ["i0"], ["o0"])], "NonZero"
+    else:
+        raise KeyError(op)
+    return _model(nodes, ins, [helper.make_empty_tensor_value_info(o) for o in outs], inits), what
+
+
+def run(workloads: list[Workload]) -> list[Result]:
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(polyop.library_path("onnxruntime"))
+    plain = ort.SessionOptions()
+    results = []
+    for w in workloads:
+        feeds = {f"i{j}": x for j, x in enumerate(w.inputs) if x is not None}
+        pfeeds = polyop_feeds(w)
+        ps = ort.InferenceSession(polyop_model(w), so, providers=["CPUExecutionProvider"])
+        bm, what = builtin_model(w)
+        bs = ort.InferenceSession(bm, plain, providers=["CPUExecutionProvider"])
+        fns = {"polyop": lambda: ps.run(None, pfeeds), "builtin": lambda: bs.run(None, feeds)}
+        t = measure(fns)
+        results.append(Result("onnxruntime", w.op, w.kind, w.label, t["polyop"], t["builtin"], what, w.unit, w.work))
+    return results
+
+
+def versions() -> dict:
+    return {"onnxruntime": ort.__version__, "onnx": onnx.__version__}

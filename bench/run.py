@@ -1,0 +1,190 @@
+"""polyop benchmarks: every stock op in every framework, against that framework's built-in op
+for the same work, in the same process. Writes docs/benchmarks.md and PNG plots.
+
+    .venv/bin/python bench/run.py              # full run (~15 min on 2 cores), writes docs/
+    .venv/bin/python bench/run.py --quick      # seconds; smoke test, writes nothing by default
+
+Each framework runs in its own subprocess (they never share a process) and reports JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from common import Result, copy_bandwidth, make_workloads  # noqa: E402
+
+FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax"]
+MODULE = {"torch": "fw_torch", "tensorflow": "fw_tensorflow", "onnxruntime": "fw_onnxruntime", "jax": "fw_jax"}
+
+
+def child(framework: str, size: str, out: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(MODULE[framework])
+    results = mod.run(make_workloads(size))
+    payload = {"results": [dataclasses.asdict(r) for r in results], "versions": mod.versions()}
+    if framework == "torch":
+        payload["copy_gbps_threads"] = mod.copy_bandwidth_threads()
+    Path(out).write_text(json.dumps(payload))
+
+
+def collect(frameworks: list[str], size: str) -> tuple[list[Result], dict, dict]:
+    results, versions, extra, failures = [], {}, {}, {}
+    for fw in frameworks:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        print(f"== {fw}", flush=True)
+        proc = subprocess.run([sys.executable, __file__, "--child", fw, "--size", size, "--json", out])
+        if proc.returncode != 0:
+            failures[fw] = f"exit code {proc.returncode}"
+            continue
+        data = json.loads(Path(out).read_text())
+        results += [Result(**r) for r in data["results"]]
+        versions.update(data["versions"])
+        if "copy_gbps_threads" in data:
+            extra["copy_gbps_threads"] = data["copy_gbps_threads"]
+        os.unlink(out)
+    extra["failures"] = failures
+    return results, versions, extra
+
+
+def fmt_rate(r: Result, seconds: float) -> str:
+    if r.unit == "us":
+        return f"{seconds * 1e6:.1f} us"
+    return f"{r.rate(seconds):.2f} {r.unit}"
+
+
+def write_markdown(results, versions, extra, copy_gbps, size, path: Path, plots: list[str]) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        "polyop's ops against each framework's own built-in op for the same work, timed in the same",
+        "process, interleaved sample by sample (median of 7 samples, each long enough to be stable).",
+        "**ratio = polyop throughput / built-in throughput** (for call overhead: built-in time /",
+        "polyop time), so > 1.00 means polyop is faster. Ratios survive a noisy machine; absolute",
+        "numbers do not.",
+        "",
+        f"- Re-run: `.venv/bin/python bench/run.py` (size `{size}`; `--quick` for a smoke run).",
+        f"- Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; Python {platform.python_version()}.",
+        f"- Versions: {', '.join(f'{k} {v}' for k, v in versions.items())}.",
+        f"- Memory-copy bandwidth (read+write): {copy_gbps:.1f} GB/s single-threaded NumPy copy"
+        + (f", {extra['copy_gbps_threads']:.1f} GB/s torch `copy_` on its intra-op threads" if "copy_gbps_threads" in extra else "")
+        + ": the physical limit for the memory-bound ops.",
+        "",
+    ]
+    for p in plots:
+        lines += [f"![{p}]({p})", ""]
+    if extra.get("failures"):
+        lines += ["**Frameworks that failed to run:** " + ", ".join(f"{k} ({v})" for k, v in extra["failures"].items()), ""]
+    for fw in FRAMEWORKS:
+        rows = [r for r in results if r.framework == fw and r.kind != "sweep"]
+        if not rows:
+            continue
+        lines += [f"## {fw}", ""]
+        head = "| op | kind | input | polyop | built-in | baseline | ratio |"
+        sep = "|---|---|---|---|---|---|---|"
+        if fw == "torch":
+            head = head[:-1] + " torch.library.custom_op | polyop / custom_op time |"
+            sep += "---|---|"
+        lines += [head, sep]
+        for r in rows:
+            row = f"| {r.op} | {r.kind} | {r.label} | {fmt_rate(r, r.polyop_s)} | {fmt_rate(r, r.builtin_s)} | {r.baseline} | {r.ratio:.2f} |"
+            if fw == "torch":
+                c = r.extra.get("custom_op_s")
+                row += f" {c * 1e6:.1f} us | {r.polyop_s / c:.2f} |" if c else " | |"
+            lines.append(row)
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(results, outdir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=False)
+    for ax, kind in zip(axes, ["overhead", "throughput"]):
+        ops = sorted({r.op for r in results if r.kind == kind}, key=lambda o: o)
+        width = 0.8 / len(FRAMEWORKS)
+        for i, fw in enumerate(FRAMEWORKS):
+            vals = []
+            for op in ops:
+                m = [r.ratio for r in results if r.framework == fw and r.op == op and r.kind == kind]
+                vals.append(m[0] if m else 0)
+            ax.bar([j + i * width for j in range(len(ops))], vals, width, label=fw)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ops))])
+        ax.set_xticklabels(ops, rotation=45, ha="right")
+        ax.set_title(f"{kind}: polyop / built-in (higher is better)")
+        ax.set_ylabel("ratio")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(outdir / "bench_ratios.png", dpi=90)
+    names.append("img/bench_ratios.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for fw in FRAMEWORKS:
+        rows = sorted((r for r in results if r.framework == fw and r.kind == "sweep"), key=lambda r: int(r.label))
+        if rows:
+            ax.plot([int(r.label) for r in rows], [r.rate(r.polyop_s) for r in rows], "o-", label=f"polyop in {fw}")
+            ax.plot([int(r.label) for r in rows], [r.rate(r.builtin_s) for r in rows], "x--", label=f"{fw} built-in")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("elements")
+    ax.set_ylabel("GB/s")
+    ax.set_title("add (float32): throughput against input size")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(outdir / "bench_sweep.png", dpi=90)
+    names.append("img/bench_sweep.png")
+    plt.close(fig)
+    return names
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes; a smoke run")
+    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--out", help="markdown output (default docs/benchmarks.md for a full run, none for --quick)")
+    ap.add_argument("--child")
+    ap.add_argument("--size")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.size, args.json)
+        return 0
+    size = "quick" if args.quick else "full"
+    results, versions, extra = collect(args.frameworks.split(","), size)
+    copy_gbps = copy_bandwidth()
+    out = args.out or (None if args.quick else str(ROOT / "docs" / "benchmarks.md"))
+    for r in results:
+        print(f"{r.framework:12s} {r.op:9s} {r.kind:10s} {r.label:24s} ratio {r.ratio:5.2f}")
+    if out:
+        outp = Path(out)
+        img = outp.parent / "img"
+        img.mkdir(parents=True, exist_ok=True)
+        plots = plot(results, img)
+        write_markdown(results, versions, extra, copy_gbps, size, outp, plots)
+        print(f"wrote {outp}")
+    if extra["failures"]:
+        print("FAILED frameworks:", extra["failures"])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
