@@ -9,6 +9,7 @@ matrix to docs/conformance.md. Exits non-zero if anything fails.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-from polyop.conformance import available_backends, counts, run_isolated, write_matrix  # noqa: E402
+from polyop.conformance import (  # noqa: E402
+    Result,
+    available_backends,
+    counts,
+    run_isolated,
+    summary_line,
+    write_matrix,
+)
 
 CASES = f"{HERE / 'cases.py'}:cases"
 REFERENCE = f"{HERE / 'reference.py'}:reference"
@@ -28,7 +36,15 @@ independent NumPy reference in `conformance/reference.py` (float16 rtol 1e-3, bf
 float32 1e-5, float64 1e-12; integers exact) and must be **bitwise identical** to the
 `native` backend (the NumPy core, `polyop.run`). Error cases must raise the framework's
 ordinary error with a message naming the op and the problem. `grad` columns are the
-framework's own gradient checks (float64). Cases: `conformance/cases.py`."""
+framework's own gradient checks (float64). Cases: `conformance/cases.py`.
+
+Run it: `python conformance/run.py` (all backends, ~8 min on 2 cores; `--backends torch,xla`,
+`--ops topk,gelu` to narrow it; `--render` re-renders this file from the last run's results in
+`target/conformance/results.json`). In CI, `conformance/test_conformance.py` runs the same
+suite, one pytest test per backend. The harness is the library `polyop.conformance`
+(`Case`, `Backend`, `run`, `run_isolated`, `write_matrix`): an out-of-tree op author passes their
+own cases, reference function and backends (names of `polyop/conformance/backends/*.py`, or
+`path/to/file.py:BACKEND`) — see `python -m polyop.conformance.worker --help`."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "conformance.md"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="per backend, seconds")
+    ap.add_argument("--render", action="store_true", help="only re-render --out from the last results")
     args = ap.parse_args(argv)
+    saved = ROOT / "target" / "conformance" / "results.json"
+    if args.render:
+        data = json.loads(saved.read_text())
+        results = [Result.from_dict(d) for d in data["results"]]
+        write_matrix(results, args.out, title="Conformance matrix", preamble=PREAMBLE,
+                     versions=data["versions"], num_cases=data["num_cases"])
+        print(f"{summary_line(results)}; wrote {args.out}")
+        return 1 if counts(results)["fail"] else 0
 
     names = args.backends.split(",") if args.backends else available_backends()
     ops = args.ops.split(",") if args.ops else None
@@ -58,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     results = [r for run in runs for r in run.results]
     num_cases = max((run.num_cases for run in runs), default=0)
     versions = {run.backend: run.version for run in runs}
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({"versions": versions, "num_cases": num_cases,
+                                 "results": [r.to_dict() for r in results]}))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_matrix(results, args.out, title="Conformance matrix", preamble=PREAMBLE,
                  versions=versions, num_cases=num_cases)

@@ -26,9 +26,18 @@ def available() -> list[str]:
 
 
 def load(name: str) -> Backend:
-    """The backend called ``name``; a :class:`BrokenBackend` carrying the import error when
+    """The backend called ``name`` (a module of this package), or given as
+    ``path/to/file.py[:ATTR]`` / ``package.module[:ATTR]`` (default attribute ``BACKEND``) for
+    backends that live outside polyop; a :class:`BrokenBackend` carrying the import error when
     its module cannot be imported or defines no ``BACKEND``."""
     try:
+        if ":" in name or name.endswith(".py") or "." in name:
+            from .._load import load_spec
+
+            b = load_spec(name, "BACKEND")
+            if not isinstance(b, Backend):
+                return BrokenBackend(name, f"{name} is not a Backend instance")
+            return b
         mod = importlib.import_module(f"{__name__}.{name}")
     except BaseException as e:  # noqa: BLE001 - ImportError, OSError from dlopen, SystemExit...
         if isinstance(e, KeyboardInterrupt):
