@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -298,21 +299,30 @@ print("raised", n, "of", len(bad))
 
 
 def test_gil_is_released_during_compute():
-    # Two threads running a large kernel concurrently must both finish with right answers.
-    x = np.random.default_rng(3).normal(size=(512, 1024)).astype(np.float32)
-    want = np.maximum(x, 0)
-    outs = [None, None]
+    # While a long kernel runs in one thread, this thread must keep running Python code. With
+    # the GIL held for the whole kernel, no iteration of the loop below could fall inside the
+    # kernel's time window.
+    x = np.random.default_rng(3).normal(size=(2048, 2048))
+    window = {}
+    result = {}
 
-    def work(i):
-        outs[i] = polyop.run("relu", x)
+    def work():
+        window["start"] = time.perf_counter()
+        result["out"] = polyop.run("gelu", x)
+        window["end"] = time.perf_counter()
 
-    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for o in outs:
-        np.testing.assert_array_equal(o, want)
+    t = threading.Thread(target=work)
+    stamps = []
+    t.start()
+    while t.is_alive():
+        stamps.append(time.perf_counter())
+    t.join()
+    start, end = window["start"], window["end"]
+    margin = (end - start) * 0.2
+    inside = [s for s in stamps if start + margin < s < end - margin]
+    assert end - start > 0.02, "kernel too fast to observe"
+    assert len(inside) > 100, f"only {len(inside)} iterations ran during a {end - start:.3f}s kernel"
+    np.testing.assert_allclose(result["out"], 0.5 * x * (1 + erf(x / math.sqrt(2))), rtol=1e-12, atol=1e-15)
 
 
 def test_library_path(tmp_path, monkeypatch):
