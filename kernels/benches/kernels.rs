@@ -148,6 +148,48 @@ fn elementwise(c: &mut Criterion) {
     bench_calls(c, "elementwise_16M", calls);
 }
 
+/// The quick-mode sizes of bench/run.py: per-call overhead and L2-resident throughput.
+fn small(c: &mut Criterion) {
+    let n = 1usize << 16;
+    let x = f32s(&[n]);
+    let y = f32s(&[n]);
+    let r = f32s(&[64, 1024]);
+    let w = f32s(&[1024]);
+    let calls = vec![
+        (
+            "negate_f32".into(),
+            Call::new("negate", vec![x.clone()], &[]),
+        ),
+        ("relu_f32".into(), Call::new("relu", vec![x.clone()], &[])),
+        (
+            "scale_f32".into(),
+            Call::new(
+                "scale",
+                vec![x.clone()],
+                &[("alpha", AttrValue::Float(1.5))],
+            ),
+        ),
+        (
+            "add_f32".into(),
+            Call::new("add", vec![x.clone(), y.clone()], &[]),
+        ),
+        ("gelu_f32".into(), Call::new("gelu", vec![x], &[])),
+        (
+            "softmax_64x1024".into(),
+            Call::new("softmax", vec![r.clone()], &[]),
+        ),
+        (
+            "rms_norm_64x1024".into(),
+            Call::new("rms_norm", vec![r.clone(), w], &[]),
+        ),
+        (
+            "topk_k8_64x1024".into(),
+            Call::new("topk", vec![r], &[("k", AttrValue::Int(8))]),
+        ),
+    ];
+    bench_calls(c, "small_64K", calls);
+}
+
 fn rows(c: &mut Criterion) {
     let shape = [8192usize, 1024];
     let x = f32s(&shape);
@@ -211,6 +253,6 @@ fn nonzero(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = elementwise, rows, conv, nonzero
+    targets = small, elementwise, rows, conv, nonzero
 }
 criterion_main!(benches);
