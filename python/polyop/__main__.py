@@ -68,11 +68,33 @@ def cmd_libs(args: argparse.Namespace) -> int:
     return status
 
 
+def _setup_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a built polyop library (.so)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per library")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Framework, ops and schemas of a built library; does it load here; smoke call of each op
+    (in a subprocess, so a crash is diagnosed)."""
+    from ._check import check
+
+    status = 0
+    for i, path in enumerate(args.paths):
+        if i:
+            print()
+        code, text = check(path, timeout=args.timeout)
+        print(text, flush=True)
+        status = max(status, code)
+    return status
+
+
 #: name -> (help, setup(parser), run(args) -> exit code)
 COMMANDS = {
     "ops": ("list the registered ops and their schemas", _setup_ops, cmd_ops),
     "info": ("print one op's metadata as JSON", _setup_info, cmd_info),
     "libs": ("show where the framework libraries are", _setup_libs, cmd_libs),
+    "check": ("check a built polyop library: framework, ops, loads here, smoke call of each op",
+              _setup_check, cmd_check),
 }
 
 

@@ -64,14 +64,41 @@ AXIS_ATTRS = ("axis", "dim")
 _PROBE = 7919
 
 
+class _Src:
+    """Where a family of JAX functions comes from: FFI target prefix, op metadata and shape
+    inference (the stock core, or an author's library), and how to register the targets."""
+
+    def __init__(self, prefix: str, infos: dict, meta: Any, ensure):
+        self.prefix, self.infos, self.meta, self.ensure = prefix, infos, meta, ensure
+
+
+_STOCK = _Src("polyop_", _INFOS, polyop, lambda: load())
+_AUTHORED: dict[str, types.SimpleNamespace] = {}
+
+
 def op_names() -> list[str]:
     """Ops available under JAX (every registered op except in-place ones)."""
     return [n for n, o in _INFOS.items() if not o["flags"]["inplace"]]
 
 
-def load(path: str | None = None) -> ctypes.CDLL:
-    """Load ``libpolyop_xla.so`` and register one FFI target per op (idempotent)."""
+def load(path: str | None = None):
+    """Load ``libpolyop_xla.so`` and register one FFI target per op (idempotent); returns
+    the ``ctypes.CDLL``.
+
+    ``path`` may be an author's XLA library (built with ``polyop_xla::export!``, see
+    docs/authoring.md): its targets ``<prefix><name>`` are registered and a namespace of JAX
+    functions (jit / vmap / grad / eval_shape like the stock ones, shapes from that library's
+    own ``polyop_infer``) is returned.
+    """
     global _LIB
+    if path is not None:
+        from . import _library
+
+        lib = _library.open_library(path)
+        if lib.framework != "xla":
+            raise RuntimeError(f"polyop: {path} is a {lib.framework} library, not an XLA one")
+        if lib.name != "polyop_":
+            return _load_authored(lib)
     with _LOCK:
         if _LIB is not None:
             return _LIB
@@ -86,6 +113,27 @@ def load(path: str | None = None) -> ctypes.CDLL:
             jax.ffi.register_ffi_target(f"polyop_{name}", jax.ffi.pycapsule(fn), platform="cpu")
         _LIB = lib
         return lib
+
+
+def _load_authored(lib) -> types.SimpleNamespace:
+    with _LOCK:
+        ns = _AUTHORED.get(lib.path)
+        if ns is not None:
+            return ns
+        dll = ctypes.cdll.LoadLibrary(lib.path)
+        for name in lib.exported:
+            fn = getattr(dll, f"{lib.name}{name}", None)
+            if fn is None:
+                raise RuntimeError(f"polyop.{name}: {lib.path} exports no symbol {lib.name}{name}")
+            jax.ffi.register_ffi_target(f"{lib.name}{name}", jax.ffi.pycapsule(fn), platform="cpu")
+        infos = {o["name"]: o for o in lib.ops() if o["name"] in lib.exported}
+        src = _Src(lib.name, infos, lib, lambda: None)
+        ns = types.SimpleNamespace(path=lib.path, prefix=lib.name, library=lib)
+        for name in infos:
+            setattr(ns, name, _make_op(name, src))
+        ns.call = lambda name, *tensors, **attrs: _apply(name, tensors, attrs, src=src)
+        _AUTHORED[lib.path] = ns
+        return ns
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -141,8 +189,8 @@ def _spec(x):
     return None if x is None else (tuple(int(d) for d in x.shape), _dtype_name(x.dtype))
 
 
-def _infer(name: str, specs, attrs: dict):
-    return polyop.infer(name, list(specs), **attrs)
+def _infer(name: str, specs, attrs: dict, src: _Src = _STOCK):
+    return src.meta.infer(name, list(specs), **attrs)
 
 
 def _normalize_axes(name: str, tensors, attrs: dict) -> dict:
@@ -159,8 +207,8 @@ def _normalize_axes(name: str, tensors, attrs: dict) -> dict:
     return out
 
 
-def _refuse_data_dependent(name: str):
-    if _INFOS[name]["flags"]["data_dependent_shape"]:
+def _refuse_data_dependent(name: str, src: _Src = _STOCK):
+    if src.infos[name]["flags"]["data_dependent_shape"]:
         raise NotImplementedError(
             f"polyop.{name}: the output shape depends on the input values, which XLA/JAX "
             "cannot express (static shapes only); use polyop.run (NumPy), torch, TensorFlow "
@@ -179,12 +227,12 @@ def _vma(x) -> frozenset:
         return frozenset()
 
 
-def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs):
+def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs, src: _Src = _STOCK):
     """One FFI call on present operands ``xs`` (absent ones must be trailing)."""
-    load()
+    src.ensure()
     full = iter(xs)
     specs = [_spec(next(full)) if p else None for p in present]
-    out_specs = _infer(name, specs, attrs)
+    out_specs = _infer(name, specs, attrs, src)
     results = [jax.ShapeDtypeStruct(tuple(s), _jnp_dtype(d)) for s, d in out_specs]
     # Inside shard_map the FFI call needs operands that vary along the same manual axes, and
     # its results (declared without axes) vary along all of them: the kernel runs per shard.
@@ -192,7 +240,7 @@ def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs):
     if vma:
         xs = [x if not (vma - _vma(x)) else jax.lax.pcast(x, tuple(vma - _vma(x)), to="varying")
               for x in xs]
-    fn = jax.ffi.ffi_call(f"polyop_{name}", results, vmap_method="sequential")
+    fn = jax.ffi.ffi_call(f"{src.prefix}{name}", results, vmap_method="sequential")
     outs = tuple(fn(*xs, **{k: _ffi_attr(v) for k, v in attrs.items()}))
     if vma:
         outs = tuple(o if not (vma - _vma(o)) else jax.lax.pcast(o, tuple(vma - _vma(o)), to="varying")
@@ -228,7 +276,7 @@ def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _strategy(name, specs, batched, attrs_key) -> str:
+def _strategy(name, specs, batched, attrs_key, src: _Src = _STOCK) -> str:
     attrs = dict(attrs_key)
     first = next((s for s in specs if s is not None), None)
     for a in AXIS_ATTRS:
@@ -237,7 +285,7 @@ def _strategy(name, specs, batched, attrs_key) -> str:
             if not isinstance(v, int) or v >= 0 or first is None or len(first[0]) == 0:
                 return "sequential"
     try:
-        base = _infer(name, specs, attrs)
+        base = _infer(name, specs, attrs, src)
         probed = _infer(
             name,
             [
@@ -245,6 +293,7 @@ def _strategy(name, specs, batched, attrs_key) -> str:
                 for s, b in zip(specs, batched)
             ],
             attrs,
+            src,
         )
     except Exception:
         return "sequential"
@@ -257,14 +306,14 @@ def _strategy(name, specs, batched, attrs_key) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...]):
+def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...], src: _Src = _STOCK):
     """The differentiable, batchable JAX function of the present operands of one op call."""
-    info = _INFOS[name]
+    info = src.infos[name]
     attrs = dict(attrs_key)
 
     @custom_batching.custom_vmap
     def batched_call(*xs):
-        return _raw_call(name, attrs, present, xs)
+        return _raw_call(name, attrs, present, xs, src)
 
     @batched_call.def_vmap
     def _vmap_rule(axis_size, in_batched, *xs):
@@ -280,7 +329,7 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...]):
         for p in present:
             full_specs.append(next(it) if p else None)
             full_batched.append(next(itb) if p else False)
-        strategy = _strategy(name, tuple(full_specs), tuple(full_batched), attrs_key)
+        strategy = _strategy(name, tuple(full_specs), tuple(full_batched), attrs_key, src)
         n_out = info["num_outputs"]
         if strategy == "direct":
             outs = batched_call(*xs)
@@ -324,9 +373,9 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...]):
             else:  # pragma: no cover - metadata contract
                 raise RuntimeError(f"polyop.{name}: unknown backward input kind {kind!r}")
         bname = bwd_info["op"]
-        battr_names = {a["name"] for a in _INFOS[bname]["attrs"]}
+        battr_names = {a["name"] for a in src.infos[bname]["attrs"]}
         battrs = {k: v for k, v in attrs.items() if k in battr_names}
-        grads = _apply(bname, args, battrs, normalize=False)
+        grads = _apply(bname, args, battrs, normalize=False, src=src)
         if not isinstance(grads, tuple):
             grads = (grads,)
         full_grads: list[Any] = [None] * len(present)
@@ -353,9 +402,11 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...]):
     return f
 
 
-def _apply(name: str, tensors, attrs: dict, normalize: bool = True):
-    _refuse_data_dependent(name)
-    info = _INFOS[name]
+def _apply(name: str, tensors, attrs: dict, normalize: bool = True, src: _Src = _STOCK):
+    if name not in src.infos:
+        raise ValueError(f"polyop: unknown op {name!r} (known: {', '.join(src.infos)})")
+    _refuse_data_dependent(name, src)
+    info = src.infos[name]
     if info["flags"]["inplace"]:
         raise NotImplementedError(
             f"polyop.{name}: in-place ops exist only on the torch surface; use the "
@@ -384,8 +435,8 @@ def _apply(name: str, tensors, attrs: dict, normalize: bool = True):
     if normalize:
         canon = _normalize_axes(name, xs, canon)
     # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages.
-    _infer(name, [_spec(x) for x in _fill(xs, present)], canon)
-    outs = _op_fn(name, tuple(sorted(canon.items())), present)(*xs)
+    _infer(name, [_spec(x) for x in _fill(xs, present)], canon, src)
+    outs = _op_fn(name, tuple(sorted(canon.items())), present, src)(*xs)
     return outs[0] if info["num_outputs"] == 1 else tuple(outs)
 
 
@@ -401,8 +452,8 @@ def call(name: str, *tensors, **attrs):
     return _apply(name, tensors, attrs)
 
 
-def _make_op(name: str):
-    info = _INFOS[name]
+def _make_op(name: str, src: _Src = _STOCK):
+    info = src.infos[name]
     schema_args = []
     params = []
     for a in info["inputs"]:
@@ -436,12 +487,12 @@ def _make_op(name: str):
             raise TypeError(f"polyop.{name}: {e}") from None
         tensors = [bound.arguments.get(t) for t in tensor_names]
         attrs = {a: bound.arguments[a] for a in attr_names if a in bound.arguments}
-        return _apply(name, tensors, attrs)
+        return _apply(name, tensors, attrs, src=src)
 
     op.__name__ = name
     op.__qualname__ = name
     op.__signature__ = sig
-    op.__doc__ = f"{info['schema']}\n\n{info.get('doc', '')}\n\nJAX function over the XLA FFI target polyop_{name}."
+    op.__doc__ = f"{info['schema']}\n\n{info.get('doc', '')}\n\nJAX function over the XLA FFI target {src.prefix}{name}."
     return op
 
 

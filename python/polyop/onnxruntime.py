@@ -11,6 +11,11 @@ module only adds conveniences::
     model = pox.make_model("topk", [x], k=2)              # a one-node ModelProto
     values, indices = pox.run("topk", x, k=2)             # build + InferenceSession + run
 
+An author's library (built with ``polyop_onnxruntime::export!``, see docs/authoring.md) is
+used the same way: every helper takes ``library=path`` (the domain, op types, schemas and
+output shapes then come from that library's own metadata), or ``lib = pox.load(path)`` gives
+the helpers bound to it: ``lib.run("swiglu", x, g)``, ``lib.make_model(...)``, ``lib.domain``.
+
 Attributes follow SPEC §1: a ``bool`` is an INT attribute 0/1 (ONNX has no bool), a ``float``
 a FLOAT, a ``str`` a STRING; absent optional inputs are empty input names.
 """
@@ -28,6 +33,7 @@ from onnx import TensorProto, helper
 import polyop
 
 __all__ = [
+    "load",
     "DOMAIN",
     "OPSET_VERSION",
     "library_path",
@@ -72,21 +78,55 @@ def library_path() -> str:
     return polyop.library_path("onnxruntime")
 
 
-def session_options(**kw: Any) -> ort.SessionOptions:
-    """A new ``onnxruntime.SessionOptions`` with the polyop library registered. Keyword
-    arguments set ``SessionOptions`` attributes (``intra_op_num_threads=2``, ...)."""
+def _lib(library: str | None):
+    """(library path, ONNX domain, metadata source) for the stock or an author's library."""
+    if library is None:
+        return library_path(), DOMAIN, polyop
+    from . import _library
+
+    lib = _library.open_library(library)
+    if lib.framework != "onnxruntime":
+        raise RuntimeError(f"polyop: {library} is a {lib.framework} library, not an ONNX Runtime one")
+    return lib.path, lib.name, lib
+
+
+def load(path: str):
+    """The helpers of this module bound to the ONNX Runtime library at ``path`` (an author's
+    library or the stock one): a namespace with ``path``, ``domain``, ``library`` (its
+    metadata) and ``session_options``, ``op_type``, ``make_node``, ``make_model``,
+    ``session``, ``run``."""
+    import types
+
+    lib_path, domain, meta = _lib(path)
+    return types.SimpleNamespace(
+        path=lib_path,
+        domain=domain,
+        library=meta,
+        session_options=functools.partial(session_options, library=path),
+        op_type=functools.partial(op_type, library=path),
+        make_node=functools.partial(make_node, library=path),
+        make_model=functools.partial(make_model, library=path),
+        session=functools.partial(session, library=path),
+        run=functools.partial(run, library=path),
+    )
+
+
+def session_options(library: str | None = None, **kw: Any) -> ort.SessionOptions:
+    """A new ``onnxruntime.SessionOptions`` with the polyop library (or ``library``, an
+    author's library path) registered. Keyword arguments set ``SessionOptions`` attributes
+    (``intra_op_num_threads=2``, ...)."""
     so = ort.SessionOptions()
     for k, v in kw.items():
         if not hasattr(so, k):
             raise TypeError(f"polyop: onnxruntime.SessionOptions has no attribute {k!r}")
         setattr(so, k, v)
-    so.register_custom_ops_library(library_path())
+    so.register_custom_ops_library(_lib(library)[0])
     return so
 
 
-def op_type(op: str) -> str:
+def op_type(op: str, library: str | None = None) -> str:
     """The ONNX op type of polyop op ``op`` (``"topk"`` -> ``"TopK"``)."""
-    return polyop.op_info(op)["onnx_name"]
+    return _lib(library)[2].op_info(op)["onnx_name"]
 
 
 def tensor_type(dtype: Any) -> int:
@@ -134,6 +174,7 @@ def make_node(
     inputs: Sequence[str | None],
     outputs: Sequence[str],
     name: str | None = None,
+    library: str | None = None,
     **attrs: Any,
 ) -> onnx.NodeProto:
     """An ``ai.polyop`` node for polyop op ``op`` (snake_case name, e.g. ``"rms_norm"``).
@@ -143,7 +184,8 @@ def make_node(
     §1 (bool -> INT 0/1, float -> FLOAT, str -> STRING). Attributes left out take the schema
     default inside the kernel.
     """
-    info = polyop.op_info(op)
+    _, domain, meta = _lib(library)
+    info = meta.op_info(op)
     decls = {a["name"]: a for a in info["attrs"]}
     unknown = [k for k in attrs if k not in decls]
     if unknown:
@@ -160,7 +202,7 @@ def make_node(
         ["" if i is None else i for i in inputs],
         list(outputs),
         name=name,
-        domain=DOMAIN,
+        domain=domain,
     )
     node.attribute.extend(_onnx_attr(op, decls[k], v) for k, v in attrs.items())
     return node
@@ -181,6 +223,7 @@ def _spec(x: Any) -> tuple[tuple | None, str] | None:
 def make_model(
     op: str,
     inputs: Iterable[Any],
+    library: str | None = None,
     **attrs: Any,
 ) -> onnx.ModelProto:
     """A one-node model running polyop op ``op``.
@@ -192,18 +235,20 @@ def make_model(
     types and shapes come from polyop's shape inference; when that rejects the inputs the
     outputs are left untyped so the session reports the op's own error.
     """
-    info = polyop.op_info(op)
+    _, domain, meta = _lib(library)
+    info = meta.op_info(op)
     specs = [_spec(x) for x in inputs]
     in_names = [a["name"] for a in info["inputs"]][: len(specs)]
     out_names = [o["name"] for o in info["outputs"]]
-    node = make_node(op, [n if s is not None else "" for n, s in zip(in_names, specs)], out_names, **attrs)
+    node = make_node(op, [n if s is not None else "" for n, s in zip(in_names, specs)], out_names,
+                     library=library, **attrs)
     graph_inputs = [
         helper.make_tensor_value_info(n, tensor_type(s[1]), None if s[0] is None else list(s[0]))
         for n, s in zip(in_names, specs)
         if s is not None
     ]
     try:
-        out_specs = polyop.infer(op, specs, **attrs)
+        out_specs = meta.infer(op, specs, **attrs)
     except (TypeError, ValueError):
         out_specs = None
     if out_specs is None:
@@ -218,7 +263,7 @@ def make_model(
         graph,
         opset_imports=[
             helper.make_opsetid("", ONNX_OPSET),
-            helper.make_opsetid(DOMAIN, OPSET_VERSION),
+            helper.make_opsetid(domain, OPSET_VERSION),
         ],
         ir_version=IR_VERSION,
         producer_name="polyop",
@@ -226,17 +271,20 @@ def make_model(
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_session(model_bytes: bytes, threads: int) -> ort.InferenceSession:
+def _cached_session(model_bytes: bytes, threads: int, library: str | None = None) -> ort.InferenceSession:
     return ort.InferenceSession(
-        model_bytes, session_options(intra_op_num_threads=threads), providers=["CPUExecutionProvider"]
+        model_bytes, session_options(library=library, intra_op_num_threads=threads),
+        providers=["CPUExecutionProvider"],
     )
 
 
-def session(model: onnx.ModelProto | bytes, intra_op_num_threads: int = 0) -> ort.InferenceSession:
-    """An ``InferenceSession`` (CPU) for ``model`` with the polyop library registered.
-    Sessions for identical model bytes are reused."""
+def session(
+    model: onnx.ModelProto | bytes, intra_op_num_threads: int = 0, library: str | None = None
+) -> ort.InferenceSession:
+    """An ``InferenceSession`` (CPU) for ``model`` with the polyop library (or ``library``)
+    registered. Sessions for identical model bytes are reused."""
     data = model if isinstance(model, bytes) else model.SerializeToString()
-    return _cached_session(data, intra_op_num_threads)
+    return _cached_session(data, intra_op_num_threads, library)
 
 
 def _feed(a: np.ndarray) -> Any:
@@ -248,15 +296,16 @@ def _feed(a: np.ndarray) -> Any:
     return a
 
 
-def run(op: str, *arrays: Any, intra_op_num_threads: int = 0, **attrs: Any) -> Any:
+def run(op: str, *arrays: Any, intra_op_num_threads: int = 0, library: str | None = None,
+        **attrs: Any) -> Any:
     """Run polyop op ``op`` through ONNX Runtime on NumPy arrays (``None`` for an absent
     optional input): builds a one-node model with the arrays' shapes, creates (or reuses) an
     ``InferenceSession`` and runs it. Returns one array for a single-output op, a tuple
     otherwise — like ``polyop.run``. Errors are onnxruntime's exceptions with the op's
     "polyop.<op>: ..." message."""
-    info = polyop.op_info(op)
-    model = make_model(op, arrays, **attrs)
-    sess = session(model, intra_op_num_threads)
+    info = _lib(library)[2].op_info(op)
+    model = make_model(op, arrays, library=library, **attrs)
+    sess = session(model, intra_op_num_threads, library)
     in_names = [a["name"] for a in info["inputs"]]
     feed = {n: _feed(np.asarray(a)) for n, a in zip(in_names, arrays) if a is not None}
     out_names = [o["name"] for o in info["outputs"]]

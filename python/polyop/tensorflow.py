@@ -15,6 +15,10 @@ This module adds what only Python can add:
 
 ``load(path=None)`` returns a namespace of those functions (plus ``.raw``, the module
 ``tf.load_op_library`` returned). Module attributes forward to it: ``polyop.tensorflow.topk``.
+``load(path)`` also takes an author's library (built with ``polyop_tensorflow::export!``, see
+docs/authoring.md): names, static shapes and gradients then come from that library's own
+metadata and shape inference (``polyop_library_info`` / ``polyop_infer``), and its op types
+are ``<prefix><CamelName>``.
 """
 
 from __future__ import annotations
@@ -39,11 +43,15 @@ def op_type(name: str) -> str:
     return "Polyop" + polyop.op_info(name)["camel_name"]
 
 
-def _raw_fn(raw: Any, info: dict) -> Any:
+#: The stock library's op-type prefix.
+STOCK_PREFIX = "Polyop"
+
+
+def _raw_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX) -> Any:
     # TF names the Python wrapper after the op type in snake case: PolyopRmsNorm ->
     # polyop_rms_norm. Look it up by the op type rather than re-deriving TF's rule.
-    want = "Polyop" + info["camel_name"]
-    fn = getattr(raw, "polyop_" + info["name"], None)
+    want = prefix + info["camel_name"]
+    fn = getattr(raw, prefix.lower() + "_" + info["name"], None)
     if fn is not None:
         return fn
     for attr in dir(raw):
@@ -60,11 +68,11 @@ def _spec(t: Any) -> tuple | None:
     return (dims, t.dtype.name)
 
 
-def _make_fn(raw: Any, info: dict):
+def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop):
     name = info["name"]
     inputs = info["inputs"]
     attr_names = {a["name"] for a in info["attrs"]}
-    raw_fn = _raw_fn(raw, info)
+    raw_fn = _raw_fn(raw, info, prefix)
     n_out = len(info["outputs"])
 
     def fn(*args, **kwargs):
@@ -106,13 +114,13 @@ def _make_fn(raw: Any, info: dict):
         # unknown, so only what TF's own generated wrapper would otherwise reject with its own
         # message: a dtype outside T's list, a T mismatch, a missing attribute).
         try:
-            polyop.infer(name, [None if t is None else (None, t.dtype.name) for t in tensors], **kwargs)
+            meta.infer(name, [None if t is None else (None, t.dtype.name) for t in tensors], **kwargs)
         except (TypeError, ValueError) as e:
             raise tf.errors.InvalidArgumentError(None, None, str(e)) from None
         out = raw_fn(**call, **kwargs, name=op_name)
         if not tf.executing_eagerly():
             # Attribute-dependent dims are unknown after TF's shape function; fill them in.
-            specs = polyop.infer(name, [_spec(t) for t in tensors], **kwargs)
+            specs = meta.infer(name, [_spec(t) for t in tensors], **kwargs)
             outs = [out] if n_out == 1 else list(out)
             for t, (shape, _dtype) in zip(outs, specs):
                 if shape is not None:
@@ -121,17 +129,19 @@ def _make_fn(raw: Any, info: dict):
 
     fn.__name__ = name
     fn.__qualname__ = name
-    fn.__doc__ = f"{info['schema']}\n\n{info.get('doc', '')}\n\nTF op type: Polyop{info['camel_name']}."
+    fn.__doc__ = f"{info['schema']}\n\n{info.get('doc', '')}\n\nTF op type: {prefix}{info['camel_name']}."
     return fn
 
 
-def _register_gradient(ns: types.SimpleNamespace, info: dict) -> None:
+def _register_gradient(
+    ns: types.SimpleNamespace, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop
+) -> None:
     name = info["name"]
     bwd = info["backward"]
-    tf_type = "Polyop" + info["camel_name"]
+    tf_type = prefix + info["camel_name"]
     if tf_type in _grads_registered:
         return
-    bwd_info = polyop.op_info(bwd["op"])
+    bwd_info = meta.op_info(bwd["op"])
     bwd_attrs = [a["name"] for a in bwd_info["attrs"]]
     inputs = info["inputs"]
 
@@ -182,14 +192,14 @@ def _register_gradient(ns: types.SimpleNamespace, info: dict) -> None:
     _grads_registered.add(tf_type)
 
 
-def _wrappers_from_registry(infos: list[dict]) -> types.ModuleType:
+def _wrappers_from_registry(infos: list[dict], prefix: str = STOCK_PREFIX) -> types.ModuleType:
     from tensorflow.core.framework import op_def_pb2
     from tensorflow.python.framework import op_def_registry
     from tensorflow.python.framework import _pywrap_python_op_gen
 
     op_list = op_def_pb2.OpList()
     for info in infos:
-        d = op_def_registry.get("Polyop" + info["camel_name"])
+        d = op_def_registry.get(prefix + info["camel_name"])
         if d is not None:
             op_list.op.add().CopyFrom(d)
     wrappers = _pywrap_python_op_gen.GetPythonWrappers(op_list.SerializeToString())
@@ -200,25 +210,41 @@ def _wrappers_from_registry(infos: list[dict]) -> types.ModuleType:
 
 def load(path: str | None = None) -> types.SimpleNamespace:
     """Load ``libpolyop_tensorflow.so`` (default: ``polyop.library_path("tensorflow")``),
-    register gradients, and return a namespace of clean-named ops."""
+    register gradients, and return a namespace of clean-named ops.
+
+    ``path`` may also be an author's library (built with ``polyop_tensorflow::export!``):
+    its ops, op-type prefix and shape inference then come from the library itself."""
+    stock = path is None
     path = path or polyop.library_path("tensorflow")
     with _lock:
         ns = _loaded.get(path)
         if ns is not None:
             return ns
         raw = tf.load_op_library(path)
-        infos = [i for i in polyop.ops() if not i["flags"]["inplace"]]
-        if not any(k.startswith("polyop_") for k in dir(raw)):
+        prefix, meta = STOCK_PREFIX, polyop
+        if not stock:
+            from . import _library
+
+            lib = _library.open_library(path)
+            if lib.framework != "tensorflow":
+                raise RuntimeError(f"polyop: {path} is a {lib.framework} library, not a TensorFlow one")
+            if lib.name != STOCK_PREFIX:
+                prefix, meta = lib.name, lib
+        infos = [i for i in meta.ops() if not i["flags"]["inplace"]]
+        try:
+            for info in infos[:1]:
+                _raw_fn(raw, info, prefix)
+        except AttributeError:
             # The library was already loaded under another path string: TF's loader then sees
             # no new registrations and returns an empty module. The ops are registered
             # globally, so generate the wrappers from TF's op registry instead.
-            raw = _wrappers_from_registry(infos)
-        ns = types.SimpleNamespace(raw=raw, path=path)
+            raw = _wrappers_from_registry(infos, prefix)
+        ns = types.SimpleNamespace(raw=raw, path=path, prefix=prefix)
         for info in infos:
-            setattr(ns, info["name"], _make_fn(raw, info))
+            setattr(ns, info["name"], _make_fn(raw, info, prefix, meta))
         for info in infos:
             if info["backward"] is not None:
-                _register_gradient(ns, info)
+                _register_gradient(ns, info, prefix, meta)
         _loaded[path] = ns
         return ns
 

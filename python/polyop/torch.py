@@ -20,6 +20,11 @@ Usage::
     ops = polyop.torch.load()          # == torch.ops.polyop, idempotent
     y = ops.rms_norm(x, w, eps=1e-5)
     y.sum().backward()
+
+An author's library (built with ``polyop_torch::export!``, see docs/authoring.md) loads the
+same way by path: ``ops = polyop.torch.load("libmy_torch.so")`` calls
+``torch.ops.load_library`` and registers autograd / fake kernels from *that* library's
+metadata (``polyop_library_info``), returning ``torch.ops.<its namespace>``.
 """
 
 from __future__ import annotations
@@ -53,9 +58,19 @@ def _library_loaded() -> bool:
         return False
 
 
-def load():
-    """Load ``libpolyop_torch.so`` (once) and register autograd; returns ``torch.ops.polyop``."""
+_authored: dict[str, Any] = {}
+
+
+def load(path: str | None = None):
+    """Load ``libpolyop_torch.so`` (once) and register autograd; returns ``torch.ops.polyop``.
+
+    With ``path``: load that polyop torch library (an author's, built with
+    ``polyop_torch::export!``) with ``torch.ops.load_library``, register autograd and fake
+    kernels from its own metadata, and return ``torch.ops.<namespace>``.
+    """
     global _loaded
+    if path is not None:
+        return _load_path(path)
     with _lock:
         if _loaded:
             return torch.ops.polyop
@@ -75,13 +90,39 @@ def ops():
     return load()
 
 
+def _load_path(path: str):
+    import os
+
+    from . import _library
+
+    real = os.path.realpath(path)
+    with _lock:
+        if real in _authored:
+            return _authored[real]
+        torch.ops.load_library(real)
+        lib = _library.open_library(real)
+        if lib.framework != "torch":
+            raise RuntimeError(f"polyop: {path} is a {lib.framework} library, not a torch one")
+        if lib.name != "polyop":
+            ns = lib.name
+            for info in lib.ops():
+                if info["flags"]["data_dependent_shape"]:
+                    _register_dynamic_fake(info, ns, lib)
+                if info.get("backward"):
+                    _register_autograd(info, ns)
+            _authored[real] = getattr(torch.ops, ns)
+            return _authored[real]
+    # The stock library under an explicit path: the stock glue.
+    return load()
+
+
 # --------------------------------------------------------------------------------------------
 # autograd
 
 
-def _arg_layout(info: dict[str, Any]):
+def _arg_layout(info: dict[str, Any], ns: str = "polyop"):
     """Positions of the tensor inputs and attributes among the op's arguments (schema order)."""
-    schema = _schema(info["name"])
+    schema = _schema(info["name"], ns)
     tensor_pos, attr_pos = [], {}
     for i, a in enumerate(schema.arguments):
         if "Tensor" in str(a.type):
@@ -91,23 +132,23 @@ def _arg_layout(info: dict[str, Any]):
     return schema, tensor_pos, attr_pos
 
 
-def _schema(name: str):
-    return getattr(torch.ops.polyop, name).default._schema
+def _schema(name: str, ns: str = "polyop"):
+    return getattr(getattr(torch.ops, ns), name).default._schema
 
 
-def _register_autograd(info: dict[str, Any]) -> None:
+def _register_autograd(info: dict[str, Any], ns: str = "polyop") -> None:
     name = info["name"]
     bwd = info["backward"]
     bwd_name = bwd["op"]
     bwd_inputs = [(kind, int(i)) for kind, i in bwd["inputs"]]
     bwd_outputs = [int(i) for i in bwd["outputs"]]
-    _, tensor_pos, attr_pos = _arg_layout(info)
-    bwd_schema = _schema(bwd_name)
+    _, tensor_pos, attr_pos = _arg_layout(info, ns)
+    bwd_schema = _schema(bwd_name, ns)
     bwd_tensor_args = [
         a.name for a in bwd_schema.arguments if "Tensor" in str(a.type)
     ]
     bwd_attr_names = [a.name for a in bwd_schema.arguments if "Tensor" not in str(a.type)]
-    bwd_op = getattr(torch.ops.polyop, bwd_name).default
+    bwd_op = getattr(getattr(torch.ops, ns), bwd_name).default
     n_args = len(tensor_pos) + len(attr_pos)
     need_inputs = sorted({i for k, i in bwd_inputs if k == "input"})
     need_outputs = sorted({i for k, i in bwd_inputs if k == "output"})
@@ -154,7 +195,7 @@ def _register_autograd(info: dict[str, Any]) -> None:
         return tuple(grads_in)
 
     torch.library.register_autograd(
-        f"polyop::{name}", backward, setup_context=setup_context
+        f"{ns}::{name}", backward, setup_context=setup_context
     )
 
 
@@ -162,15 +203,15 @@ def _register_autograd(info: dict[str, Any]) -> None:
 # data-dependent output shapes under torch.compile
 
 
-def _register_dynamic_fake(info: dict[str, Any]) -> None:
+def _register_dynamic_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop) -> None:
     """Fake kernel for a data-dependent op: dims polyop.infer leaves unknown become unbacked
     symbolic sizes. Replaces the library's Meta kernel (which refuses, as it must without
     Python), so FakeTensor / torch.compile can trace the op."""
     name = info["name"]
-    _, tensor_pos, attr_pos = _arg_layout(info)
+    _, tensor_pos, attr_pos = _arg_layout(info, ns)
 
     def fake(*args, **kwargs):
-        schema = _schema(name)
+        schema = _schema(name, ns)
         values = list(args) + [None] * (len(schema.arguments) - len(args))
         for i, a in enumerate(schema.arguments):
             if a.name in kwargs:
@@ -190,7 +231,7 @@ def _register_dynamic_fake(info: dict[str, Any]) -> None:
                     )
                 )
         attrs = {n: values[p] for n, p in attr_pos.items()}
-        out_specs = polyop.infer(name, specs, **attrs)
+        out_specs = meta.infer(name, specs, **attrs)
         ctx = torch.library.get_ctx()
         device = next(t.device for t in tensors if t is not None)
         outs = []
@@ -203,4 +244,4 @@ def _register_dynamic_fake(info: dict[str, Any]) -> None:
             outs.append(torch.empty(dims, dtype=getattr(torch, dtype), device=device))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    torch.library.register_fake(f"polyop::{name}", fake, allow_override=True)
+    torch.library.register_fake(f"{ns}::{name}", fake, allow_override=True)

@@ -72,6 +72,19 @@ pub unsafe fn register_custom_ops(
     options: *mut OrtSessionOptions,
     api_base: *const OrtApiBase,
 ) -> *mut OrtStatus {
+    unsafe { register_custom_ops_in_domain(DOMAIN, registry, options, api_base) }
+}
+
+/// [`register_custom_ops`] in an author's domain (version 1), e.g. `ai.example`.
+///
+/// # Safety
+/// `options` and `api_base` must be the pointers ONNX Runtime passes to `RegisterCustomOps`.
+pub unsafe fn register_custom_ops_in_domain(
+    domain_name: &str,
+    registry: &'static Registry,
+    options: *mut OrtSessionOptions,
+    api_base: *const OrtApiBase,
+) -> *mut OrtStatus {
     if api_base.is_null() {
         return std::ptr::null_mut();
     }
@@ -92,7 +105,8 @@ pub unsafe fn register_custom_ops(
     let api = Api(unsafe { &*api_ptr });
     let r = std::panic::catch_unwind(|| -> kernel_core::Result<()> {
         let ops = custom_ops(registry, api);
-        let domain_name = CString::new(DOMAIN).expect("no NUL");
+        let domain_name = CString::new(domain_name)
+            .map_err(|_| Error::invalid("the ONNX domain name contains a NUL byte"))?;
         let mut domain = std::ptr::null_mut();
         unsafe {
             api.check((api.0.CreateCustomOpDomain)(
@@ -112,21 +126,56 @@ pub unsafe fn register_custom_ops(
     match r {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => api.status(&Error {
-            message: format!("registering the {DOMAIN} domain failed: {}", e.message),
+            message: format!("registering the {domain_name} domain failed: {}", e.message),
             ..e
         }),
         Err(p) => api.status(&Error::from_panic("RegisterCustomOps", p)),
     }
 }
 
-/// The entry point `SessionOptions.register_custom_ops_library` looks up: every stock op.
+/// Build an ONNX Runtime custom-op library from a registry: in a `cdylib` crate,
 ///
-/// # Safety
-/// Called by ONNX Runtime with its session options and API base.
-#[no_mangle]
-pub unsafe extern "C" fn RegisterCustomOps(
-    options: *mut OrtSessionOptions,
-    api_base: *const OrtApiBase,
-) -> *mut OrtStatus {
-    unsafe { register_custom_ops(polyop_kernels::registry(), options, api_base) }
+/// ```ignore
+/// polyop_onnxruntime::export!(domain = "ai.example", registry = my_kernels::registry());
+/// ```
+///
+/// exports `RegisterCustomOps` (what `SessionOptions.register_custom_ops_library(path)` looks
+/// up), registering every op of the registry (an expression of type `&'static Registry`;
+/// in-place ops skipped) in `domain`, version 1, as op type `onnx_name` (`CamelName`), plus the
+/// polyop library functions (`polyop_library_info`, `polyop_infer`, `polyop_run`; see the
+/// `polyop-export` crate). Depend on this crate with `default-features = false`.
+#[macro_export]
+macro_rules! export {
+    (domain = $domain:expr, registry = $registry:expr $(,)?) => {
+        /// The entry point `SessionOptions.register_custom_ops_library` looks up.
+        ///
+        /// # Safety
+        /// Called by ONNX Runtime with its session options and API base.
+        #[no_mangle]
+        pub unsafe extern "C" fn RegisterCustomOps(
+            options: *mut $crate::__OrtSessionOptions,
+            api_base: *const $crate::__OrtApiBase,
+        ) -> *mut $crate::__OrtStatus {
+            unsafe { $crate::register_custom_ops_in_domain($domain, $registry, options, api_base) }
+        }
+        $crate::__polyop_export::library_exports!(
+            framework = "onnxruntime",
+            name_key = "domain",
+            name = $domain,
+            registry = $registry,
+            exported = $crate::__polyop_export::out_of_place_ops($registry),
+        );
+    };
 }
+
+#[doc(hidden)]
+pub use ort_sys::{
+    OrtApiBase as __OrtApiBase, OrtSessionOptions as __OrtSessionOptions, OrtStatus as __OrtStatus,
+};
+#[doc(hidden)]
+pub use polyop_export as __polyop_export;
+
+// The stock library, libpolyop_onnxruntime.so (domain `ai.polyop`): built through the same
+// macro an author uses.
+#[cfg(feature = "stock")]
+export!(domain = DOMAIN, registry = polyop_kernels::registry());

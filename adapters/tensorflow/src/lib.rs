@@ -62,8 +62,8 @@ fn cstr(s: &str) -> CString {
 }
 
 /// Register one op with TF: op definition + shape function + CPU kernel.
-unsafe fn register_op(op: &'static OpDef, slot: usize) -> Result<(), String> {
-    let spec = opdef::tf_op_spec(op).map_err(|e| e.to_string())?;
+unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(), String> {
+    let spec = opdef::tf_op_spec_with_prefix(prefix, op).map_err(|e| e.to_string())?;
     let name = cstr(&spec.op_type);
     let b = unsafe { TF_NewOpDefinitionBuilder(name.as_ptr()) };
     for a in &spec.attrs {
@@ -106,6 +106,12 @@ unsafe fn register_op(op: &'static OpDef, slot: usize) -> Result<(), String> {
 /// semantics; the out-of-place op is there). Errors are reported per op and do not stop the
 /// others. Returns the op types registered.
 pub fn register(registry: &'static Registry) -> Vec<String> {
+    register_with_prefix(opdef::STOCK_PREFIX, registry)
+}
+
+/// [`register`] with op types `<prefix><CamelName>` (the stock library uses `Polyop`). TF's
+/// generated Python wrappers are the op types in snake case (`MyAddOne` -> `my_add_one`).
+pub fn register_with_prefix(prefix: &str, registry: &'static Registry) -> Vec<String> {
     let mut done = Vec::new();
     for op in registry.ops().filter(|o| !o.flags.inplace) {
         let slot = {
@@ -124,22 +130,52 @@ pub fn register(registry: &'static Registry) -> Vec<String> {
             ops.len() - 1
         };
         // SAFETY: called with TF loaded (this library links libtensorflow_framework).
-        match unsafe { register_op(op, slot) } {
-            Ok(()) => done.push(opdef::tf_op_type(op)),
+        match unsafe { register_op(prefix, op, slot) } {
+            Ok(()) => done.push(opdef::tf_op_type_with_prefix(prefix, op)),
             Err(e) => eprintln!("polyop-tensorflow: failed to register `{}`: {e}", op.name),
         }
     }
     done
 }
 
-#[cfg(all(feature = "stock", not(test)))]
-mod init {
-    extern "C" fn init() {
-        // Never unwind out of a library constructor.
-        let _ = std::panic::catch_unwind(|| super::register(polyop_kernels::registry()));
-    }
-
-    #[used]
-    #[link_section = ".init_array"]
-    static INIT: extern "C" fn() = init;
+/// Build a TensorFlow library from a registry: in a `cdylib` crate,
+///
+/// ```ignore
+/// polyop_tensorflow::export!(prefix = "My", registry = my_kernels::registry());
+/// ```
+///
+/// registers every op of the registry (an expression of type `&'static Registry`; in-place
+/// ops skipped) as op type `<prefix><CamelName>` from a load-time constructor, so
+/// `tf.load_op_library(path)` is all TF needs, and exports the polyop library functions
+/// (`polyop_library_info`, `polyop_infer`, `polyop_run`; see the `polyop-export` crate) that
+/// `polyop.tensorflow.load(path)` and `python -m polyop check` read. Depend on this crate with
+/// `default-features = false`.
+#[macro_export]
+macro_rules! export {
+    (prefix = $prefix:expr, registry = $registry:expr $(,)?) => {
+        const _: () = {
+            extern "C" fn __polyop_tensorflow_init() {
+                // Never unwind out of a library constructor.
+                let _ =
+                    ::std::panic::catch_unwind(|| $crate::register_with_prefix($prefix, $registry));
+            }
+            #[used]
+            #[link_section = ".init_array"]
+            static __POLYOP_TENSORFLOW_INIT: extern "C" fn() = __polyop_tensorflow_init;
+        };
+        $crate::__polyop_export::library_exports!(
+            framework = "tensorflow",
+            name_key = "prefix",
+            name = $prefix,
+            registry = $registry,
+            exported = $crate::__polyop_export::out_of_place_ops($registry),
+        );
+    };
 }
+
+#[doc(hidden)]
+pub use polyop_export as __polyop_export;
+
+// The stock library, libpolyop_tensorflow.so: built through the same macro an author uses.
+#[cfg(all(feature = "stock", not(test)))]
+export!(prefix = "Polyop", registry = polyop_kernels::registry());

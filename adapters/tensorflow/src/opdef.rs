@@ -15,9 +15,17 @@ pub fn tf_type_name(d: DType) -> &'static str {
     }
 }
 
-/// The TF op type of an op: `Polyop` + CamelCase name.
+/// The op-type prefix of the stock library.
+pub const STOCK_PREFIX: &str = "Polyop";
+
+/// The TF op type of an op in the stock library: `Polyop` + CamelCase name.
 pub fn tf_op_type(op: &OpDef) -> String {
-    format!("Polyop{}", op.camel_name)
+    tf_op_type_with_prefix(STOCK_PREFIX, op)
+}
+
+/// The TF op type of an op under an author's prefix: `<prefix>` + CamelCase name.
+pub fn tf_op_type_with_prefix(prefix: &str, op: &OpDef) -> String {
+    format!("{prefix}{}", op.camel_name)
 }
 
 /// The name of the number attr of optional tensor input `input` (a list of 0 or 1 tensors).
@@ -88,6 +96,11 @@ fn valid_io_name(name: &str) -> bool {
 /// one typed attr per schema attribute (with its default), one input per tensor argument
 /// (`Tensor?` as a list `N_name * T` of 0 or 1 tensors) and one output per return.
 pub fn tf_op_spec(op: &OpDef) -> Result<TfOpSpec> {
+    tf_op_spec_with_prefix(STOCK_PREFIX, op)
+}
+
+/// [`tf_op_spec`] with op type `<prefix><CamelName>`.
+pub fn tf_op_spec_with_prefix(prefix: &str, op: &OpDef) -> Result<TfOpSpec> {
     let err = |m: String| Error::invalid(m).in_op(op.name);
     let mut attrs = Vec::new();
     let uses_t = op
@@ -142,7 +155,7 @@ pub fn tf_op_spec(op: &OpDef) -> Result<TfOpSpec> {
         outputs.push(format!("{name}: {}", type_spec(*rule)));
     }
     Ok(TfOpSpec {
-        op_type: tf_op_type(op),
+        op_type: tf_op_type_with_prefix(prefix, op),
         attrs,
         inputs,
         outputs,

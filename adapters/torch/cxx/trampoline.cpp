@@ -22,30 +22,33 @@
 #include <type_traits>
 #include <utility>
 
-extern "C" {
-// Implemented in Rust (src/lib.rs). Returns nullptr on success, otherwise an error message
-// owned by Rust that must be released with polyop_torch_free_error.
-char* polyop_torch_boxed_call(
-    uint32_t slot,
-    StableIValue* stack,
-    uint64_t num_args,
-    uint64_t num_outputs);
-void polyop_torch_free_error(char* msg);
-}
-
 namespace {
 
 using BoxedFn = void (*)(StableIValue*, uint64_t, uint64_t);
+// The Rust entry point (src/lib.rs `boxed_call`): returns nullptr on success, otherwise an
+// error message owned by Rust that must be released with the FreeFn.
+using CallFn = char* (*)(uint32_t, StableIValue*, uint64_t, uint64_t);
+using FreeFn = void (*)(char*);
+
+// Set by Rust (polyop_torch_set_entry) before any op is registered. Function pointers rather
+// than exported symbols: torch loads extension libraries with RTLD_GLOBAL, so an exported
+// entry point of the first polyop library loaded would interpose on every later one (an
+// author's library next to the stock one). These symbols stay local to each library.
+CallFn g_call = nullptr;
+FreeFn g_free = nullptr;
 
 [[noreturn]] void raise_owned(char* msg) {
   std::string text(msg);
-  polyop_torch_free_error(msg);
+  g_free(msg);
   throw std::runtime_error(text);
 }
 
 template <uint32_t Slot>
 void trampoline(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
-  if (char* err = polyop_torch_boxed_call(Slot, stack, num_args, num_outputs)) {
+  if (g_call == nullptr) {
+    throw std::runtime_error("polyop: torch adapter entry point not set");
+  }
+  if (char* err = g_call(Slot, stack, num_args, num_outputs)) {
     raise_owned(err);
   }
 }
@@ -110,6 +113,11 @@ static_assert(same<decltype(&torch_exception_get_what_without_backtrace), const 
 } // namespace
 
 extern "C" {
+
+void polyop_torch_set_entry(CallFn call, FreeFn free_error) {
+  g_call = call;
+  g_free = free_error;
+}
 
 uint32_t polyop_torch_num_slots() {
   return kSlots;

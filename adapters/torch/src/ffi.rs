@@ -129,6 +129,10 @@ extern "C" {
 
 // The C++ trampoline layer (cxx/trampoline.cpp).
 extern "C" {
+    pub fn polyop_torch_set_entry(
+        call: unsafe extern "C" fn(u32, *mut StableIValue, u64, u64) -> *mut c_char,
+        free_error: unsafe extern "C" fn(*mut c_char),
+    );
     pub fn polyop_torch_num_slots() -> u32;
     pub fn polyop_torch_slot(i: u32) -> Option<BoxedFn>;
     pub fn polyop_torch_build_version() -> u64;

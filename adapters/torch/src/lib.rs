@@ -119,6 +119,8 @@ pub fn register_registry(
             || format!("opening `{ns}` Meta impl library"),
         )?;
     }
+    // SAFETY: stores two function pointers in this library's C++ layer.
+    unsafe { ffi::polyop_torch_set_entry(polyop_torch_boxed_call, polyop_torch_free_error) };
     // SAFETY: constant getters.
     let (num_slots, version) = unsafe {
         (
@@ -180,14 +182,14 @@ pub fn register_registry(
     })
 }
 
-/// The boxed entry point every trampoline calls. Never unwinds: returns null on success or an
+/// The boxed entry point every trampoline calls (through a function pointer handed to the C++
+/// layer, not an exported symbol, so several polyop libraries can live in one process). Never unwinds: returns null on success or an
 /// error message (released by [`polyop_torch_free_error`]) that the C++ side throws as
 /// `std::runtime_error`, which torch surfaces as Python's `RuntimeError`.
 ///
 /// # Safety
 /// Called by torch's boxed-kernel machinery with a stack of `max(num_args, num_outputs)`
 /// StableIValues.
-#[no_mangle]
 pub unsafe extern "C" fn polyop_torch_boxed_call(
     slot: u32,
     stack: *mut ffi::StableIValue,
@@ -215,7 +217,6 @@ pub unsafe extern "C" fn polyop_torch_boxed_call(
 ///
 /// # Safety
 /// `msg` must come from `polyop_torch_boxed_call` and be released once.
-#[no_mangle]
 pub unsafe extern "C" fn polyop_torch_free_error(msg: *mut c_char) {
     if !msg.is_null() {
         // SAFETY: allocated by CString::into_raw above.
@@ -247,5 +248,35 @@ macro_rules! export_registry {
     };
 }
 
+/// Build a PyTorch library from a registry: in a `cdylib` crate,
+///
+/// ```ignore
+/// polyop_torch::export!(namespace = "my_ops", registry = my_kernels::registry());
+/// ```
+///
+/// registers every op of the registry (an expression of type `&'static Registry`) as
+/// `torch.ops.<namespace>.<name>` when the library is loaded with `torch.ops.load_library`,
+/// and exports the polyop library functions (`polyop_library_info`, `polyop_infer`,
+/// `polyop_run`, `polyop_free_string`; see the `polyop-export` crate) that the Python glue
+/// (`polyop.torch.load(path)`) and `python -m polyop check` read. Depend on this crate with
+/// `default-features = false` (the `stock` feature registers the stock ops too).
+#[macro_export]
+macro_rules! export {
+    (namespace = $ns:expr, registry = $registry:expr $(,)?) => {
+        $crate::export_registry!($ns, $registry);
+        $crate::__polyop_export::library_exports!(
+            framework = "torch",
+            name_key = "namespace",
+            name = $ns,
+            registry = $registry,
+            exported = $crate::__polyop_export::all_ops($registry),
+        );
+    };
+}
+
+#[doc(hidden)]
+pub use polyop_export as __polyop_export;
+
+// The stock library, libpolyop_torch.so: built through the same macro an author uses.
 #[cfg(all(feature = "stock", not(test)))]
-export_registry!("polyop", polyop_kernels::registry());
+export!(namespace = "polyop", registry = polyop_kernels::registry());

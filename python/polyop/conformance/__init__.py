@@ -64,11 +64,12 @@ def available_backends() -> list[str]:
     return available()
 
 
-def load_backend(name: str) -> Backend:
-    """Load one backend by name (a failing import gives a :class:`BrokenBackend`)."""
+def load_backend(name: str, library: str | None = None) -> Backend:
+    """Load one backend by name (a failing import gives a :class:`BrokenBackend`);
+    ``library``: an op author's library for that framework instead of the stock one."""
     from .backends import load
 
-    return load(name)
+    return load(name, library)
 
 
 def run(

@@ -37,19 +37,24 @@ def run_isolated(
     python: str = sys.executable,
     env: dict | None = None,
     on_done: Callable[[BackendRun], None] | None = None,
+    libraries: dict[str, str] | None = None,
 ) -> list[BackendRun]:
     """Run each backend in a fresh ``python`` process on the cases/reference given as
-    ``FILE.py[:name]`` specs. Returns one :class:`BackendRun` per backend, in order."""
+    ``FILE.py[:name]`` specs. Returns one :class:`BackendRun` per backend, in order.
+
+    ``libraries``: backend name -> path of an op author's library for it (see
+    ``polyop.conformance.backends.load``); backends not listed run the stock library."""
     runs = []
     for name in backends:
-        run = _run_worker(name, cases, reference, baseline, ops, timeout, python, env)
+        run = _run_worker(name, cases, reference, baseline, ops, timeout, python, env, libraries or {})
         if on_done:
             on_done(run)
         runs.append(run)
     return runs
 
 
-def _run_worker(name, cases, reference, baseline, ops, timeout, python, env) -> BackendRun:
+def _run_worker(name, cases, reference, baseline, ops, timeout, python, env, libraries=None) -> BackendRun:
+    libraries = libraries or {}
     run = BackendRun(name)
     with tempfile.TemporaryDirectory(prefix=f"polyop-conf-{name}-") as tmp:
         out = os.path.join(tmp, "results.jsonl")
@@ -57,6 +62,10 @@ def _run_worker(name, cases, reference, baseline, ops, timeout, python, env) -> 
                "--reference", reference, "--baseline", baseline, "--out", out]
         if ops:
             cmd += ["--ops", ",".join(ops)]
+        if libraries.get(name):
+            cmd += ["--library", libraries[name]]
+        if baseline and libraries.get(baseline):
+            cmd += ["--baseline-library", libraries[baseline]]
         t0 = time.perf_counter()
         err_tail = ""
         try:

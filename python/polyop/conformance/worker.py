@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="native", help="backend to match bit for bit ('' = none)")
     ap.add_argument("--ops", default="", help="comma-separated op names to keep (default all)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--library", default="", help="an author's library for this backend")
+    ap.add_argument("--baseline-library", default="", help="an author's library for the baseline")
     args = ap.parse_args(argv)
 
     cases = load_spec(args.cases, "cases")
@@ -35,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.ops.split(","))
         cases = [c for c in cases if c.op in keep]
     reference = load_spec(args.reference, "reference")
-    backend = load(args.backend)
+    backend = load(args.backend, args.library or None)
     baseline = None
     if args.baseline and args.baseline != args.backend:
-        baseline = load(args.baseline)
+        baseline = load(args.baseline, args.baseline_library or None)
         if isinstance(baseline, BrokenBackend):
             print(f"baseline unavailable: {baseline.reason}", file=sys.stderr)
             baseline = None

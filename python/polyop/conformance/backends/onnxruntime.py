@@ -46,8 +46,16 @@ class OnnxRuntimeBackend(Backend):
     modes = ("session",)
     version = f"onnxruntime {ort.__version__}"
 
+    def __init__(self, library: str | None = None) -> None:
+        self.library = library
+        self.meta = polyop
+        self.domain = pox.DOMAIN
+        if library is not None:
+            lib = pox.load(library)
+            self.meta, self.domain = lib.library, lib.domain
+
     def unsupported(self, case: Case, mode: str) -> str | None:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         if mode == GRAD:
             return (
                 "ONNX Runtime inference has no gradients (the backward ops are exposed as "
@@ -67,7 +75,7 @@ class OnnxRuntimeBackend(Backend):
         return None
 
     def _model(self, case: Case) -> onnx.ModelProto:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         in_names = [a["name"] for a in info["inputs"]]
         out_names = [o["name"] for o in info["outputs"]]
         present = [(n, np.asarray(a)) for n, a in zip(in_names, case.inputs) if a is not None]
@@ -75,7 +83,7 @@ class OnnxRuntimeBackend(Backend):
             info["onnx_name"],
             [n if a is not None else "" for n, a in zip(in_names, case.inputs)],
             out_names,
-            domain=pox.DOMAIN,
+            domain=self.domain,
         )
         node.attribute.extend(_attribute(k, v) for k, v in case.attrs.items())
         graph = helper.make_graph(
@@ -89,7 +97,7 @@ class OnnxRuntimeBackend(Backend):
             graph,
             opset_imports=[
                 helper.make_opsetid("", pox.ONNX_OPSET),
-                helper.make_opsetid(pox.DOMAIN, pox.OPSET_VERSION),
+                helper.make_opsetid(self.domain, pox.OPSET_VERSION),
             ],
             ir_version=pox.IR_VERSION,
         )
@@ -97,8 +105,8 @@ class OnnxRuntimeBackend(Backend):
     def run(self, case: Case, mode: str) -> list[np.ndarray]:
         if mode != "session":
             raise ValueError(f"unknown mode {mode}")
-        info = polyop.op_info(case.op)
-        sess = pox.session(self._model(case))
+        info = self.meta.op_info(case.op)
+        sess = pox.session(self._model(case), library=self.library)
         in_names = [a["name"] for a in info["inputs"]]
         feed = {n: pox._feed(np.asarray(a)) for n, a in zip(in_names, case.inputs) if a is not None}
         out_names = [o["name"] for o in info["outputs"]]

@@ -37,8 +37,15 @@ class TensorFlowBackend(Backend):
     modes = ("eager", "function")
     version = f"tensorflow {tf.__version__}"
 
-    def __init__(self) -> None:
+    def __init__(self, library: str | None = None) -> None:
         self._ops = None
+        self.library = library
+        self.meta = polyop
+        if library is not None:
+            from polyop._library import open_library
+
+            self._ops = polyop_tf.load(library)
+            self.meta = open_library(library)
 
     @property
     def ops(self):
@@ -47,7 +54,7 @@ class TensorFlowBackend(Backend):
         return self._ops
 
     def unsupported(self, case: Case, mode: str) -> str | None:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         if info["flags"]["inplace"]:
             return "in-place ops exist only on the torch surface; TF has the out-of-place op"
         if mode == GRAD and not info.get("backward"):
@@ -74,7 +81,7 @@ class TensorFlowBackend(Backend):
         outs = concrete.structured_outputs
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         specs = [None if a is None else ((None,) * a.shape.rank, a.dtype.name) for a in args]
-        expected = polyop.infer(case.op, specs, **attrs)
+        expected = self.meta.infer(case.op, specs, **attrs)
         got = [(None if o.shape.rank is None else tuple(o.shape.as_list()), o.dtype.name) for o in outs]
         want = [(None if s is None else tuple(s), d) for s, d in expected]
         if got != want:
@@ -98,7 +105,7 @@ class TensorFlowBackend(Backend):
         raise AssertionError("no error was raised")
 
     def check_grad(self, case: Case) -> None:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         op = getattr(self.ops, case.op)
         attrs = dict(case.attrs)
         args = []

@@ -44,8 +44,15 @@ class TorchBackend(Backend):
     modes = ("eager", "compile")
     version = f"torch {torch.__version__}"
 
-    def __init__(self) -> None:
+    def __init__(self, library: str | None = None) -> None:
         self._ops = None
+        self.library = library
+        self.meta = polyop
+        if library is not None:
+            from polyop._library import open_library
+
+            self._ops = polyop_torch.load(library)  # torch.ops.<namespace>
+            self.meta = open_library(library)
 
     @property
     def ops(self):
@@ -54,7 +61,7 @@ class TorchBackend(Backend):
         return self._ops
 
     def unsupported(self, case: Case, mode: str) -> str | None:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         if mode == "compile" and info["flags"]["inplace"]:
             return (
                 "torch.compile cannot functionalize a custom op whose return aliases a mutated "
@@ -79,13 +86,13 @@ class TorchBackend(Backend):
         # A fresh cache per case: every case has its own shapes/attrs, and dynamo's recompile
         # limit would otherwise silently fall back to eager after a few.
         torch._dynamo.reset()
-        data_dependent = polyop.op_info(case.op)["flags"]["data_dependent_shape"]
+        data_dependent = self.meta.op_info(case.op)["flags"]["data_dependent_shape"]
         with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=data_dependent):
             compiled = torch.compile(fn, fullgraph=True, dynamic=False)
             return compiled(*args)
 
     def _inputs(self, case: Case) -> list:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         mutable = [i.get("mutable", False) for i in info["inputs"]]
         args = []
         for k, a in enumerate(case.inputs):

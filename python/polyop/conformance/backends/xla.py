@@ -33,14 +33,15 @@ def _present(case: Case):
     return [x for x in case.inputs if x is not None]
 
 
-def _fn(case: Case):
+def _fn(case: Case, call=None):
     """f(*present_inputs) -> tuple of outputs."""
     present = [x is not None for x in case.inputs]
+    call = call or pj.call
 
     def f(*xs):
         it = iter(xs)
         full = [next(it) if p else None for p in present]
-        out = pj.call(case.op, *full, **case.attrs)
+        out = call(case.op, *full, **case.attrs)
         return out if isinstance(out, tuple) else (out,)
 
     return f
@@ -51,8 +52,16 @@ class XlaBackend(Backend):
     modes = ("jit", "vmap", "eval_shape")
     version = f"jax {jax.__version__}"
 
+    def __init__(self, library: str | None = None) -> None:
+        self.library = library
+        self.meta = polyop
+        self.call = pj.call
+        if library is not None:
+            ns = pj.load(library)
+            self.meta, self.call = ns.library, ns.call
+
     def unsupported(self, case: Case, mode: str) -> str | None:
-        info = polyop.op_info(case.op)
+        info = self.meta.op_info(case.op)
         if info["flags"]["data_dependent_shape"]:
             return "data-dependent output shape; XLA needs static shapes (refused at trace time)"
         if info["flags"]["inplace"]:
@@ -62,10 +71,10 @@ class XlaBackend(Backend):
         return None
 
     def _jit(self, case: Case):
-        return [np.asarray(o) for o in jax.jit(_fn(case))(*[jnp.asarray(x) for x in _present(case)])]
+        return [np.asarray(o) for o in jax.jit(_fn(case, self.call))(*[jnp.asarray(x) for x in _present(case)])]
 
     def run(self, case: Case, mode: str) -> list[np.ndarray]:
-        f = _fn(case)
+        f = _fn(case, self.call)
         xs = [jnp.asarray(x) for x in _present(case)]
         if mode == "jit":
             return self._jit(case)
@@ -95,7 +104,7 @@ class XlaBackend(Backend):
     def check_grad(self, case: Case) -> None:
         present = [x for x in case.inputs if x is not None]
         diff = [np.issubdtype(np.asarray(x).dtype, np.floating) for x in present]
-        f = _fn(case)
+        f = _fn(case, self.call)
         consts = [jnp.asarray(x) for x in present]
 
         def g(*dx):

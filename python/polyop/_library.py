@@ -1,0 +1,254 @@
+"""Op metadata, shape inference and direct execution from a built polyop library.
+
+Every library built with an adapter's ``export!`` macro (the four stock ``libpolyop_<fw>.so``
+and any author's library) exports, besides its framework entry points::
+
+    const char* polyop_library_info(void);     // JSON: framework, name, op metadata
+    char* polyop_infer(const char* request);   // JSON shape inference
+    char* polyop_run(op, attrs_json, inputs, n_inputs, outputs, n_outputs)
+    void polyop_free_string(char*);
+
+(see ``crates/polyop-export``). :class:`Library` reads them with ``ctypes`` and offers the
+same interface as the stock core ``polyop._core``: ``ops()``, ``op_info(name)``,
+``infer(name, specs, **attrs)``, ``run(name, *arrays, **attrs)``. :data:`STOCK` is that
+interface over ``polyop._core`` for the stock registry, so the framework glue is written once
+against "a metadata source" and serves both.
+
+A torch or TensorFlow library links its framework: import (and load the library through) the
+framework first, as the glue does; an XLA library loads on its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import threading
+from typing import Any
+
+__all__ = ["Library", "STOCK", "open_library", "LibraryError", "NAME_KEYS"]
+
+#: framework -> the key naming the library's ops (torch namespace, TF op-type prefix, ONNX
+#: domain, XLA target prefix).
+NAME_KEYS = {"torch": "namespace", "tensorflow": "prefix", "onnxruntime": "domain", "xla": "prefix"}
+
+
+class LibraryError(RuntimeError):
+    """A file that is not a usable polyop library (missing symbols, bad metadata)."""
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_int64),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("data", ctypes.c_void_p),
+    ]
+
+
+_ERRORS = {"type": TypeError, "value": ValueError, "unsupported": NotImplementedError, "internal": RuntimeError}
+
+
+def _raise(d: dict) -> None:
+    raise _ERRORS.get(d.get("kind"), RuntimeError)(d.get("error", "polyop: unknown error"))
+
+
+def _json_attr(v: Any) -> Any:
+    if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (list, tuple)):
+        return [_json_attr(x) for x in v]
+    if hasattr(v, "tolist"):
+        return _json_attr(v.tolist())
+    return v
+
+
+def _dtype_name(dtype: Any) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    import numpy as np
+
+    return np.dtype(dtype).name
+
+
+class Library:
+    """One built polyop library (any framework), read through its C exports."""
+
+    def __init__(self, path: str):
+        self.path = os.path.realpath(path)
+        try:
+            self._dll = ctypes.CDLL(self.path)
+        except OSError as e:
+            raise LibraryError(f"polyop: cannot load {path}: {e}") from None
+        try:
+            info_fn = self._dll.polyop_library_info
+            self._infer = self._dll.polyop_infer
+            self._run = self._dll.polyop_run
+            self._free = self._dll.polyop_free_string
+        except AttributeError as e:
+            raise LibraryError(
+                f"polyop: {path} is not a polyop library (no {str(e).split()[-1]} symbol; build it "
+                "with an adapter's export! macro)"
+            ) from None
+        info_fn.restype = ctypes.c_char_p
+        self._infer.restype = ctypes.c_void_p
+        self._infer.argtypes = [ctypes.c_char_p]
+        self._run.restype = ctypes.c_void_p
+        self._run.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_size_t,
+                              ctypes.POINTER(_Tensor), ctypes.c_size_t]
+        self._free.argtypes = [ctypes.c_void_p]
+        try:
+            self.info: dict = json.loads(info_fn().decode())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise LibraryError(f"polyop: {path}: polyop_library_info returned bad JSON: {e}") from None
+        if "error" in self.info or self.info.get("polyop_library") != 1:
+            raise LibraryError(f"polyop: {path}: unsupported library info {str(self.info)[:200]}")
+        self.framework: str = self.info["framework"]
+        self.name_key: str = self.info["name_key"]
+        #: torch namespace / TF op-type prefix / ONNX domain / XLA target prefix.
+        self.name: str = self.info[self.name_key]
+        self.exported: list[str] = list(self.info["exported"])
+        self._ops = self.info["ops"]
+        for o in self._ops:
+            o["backward"] = o["backward"] and {
+                **o["backward"], "inputs": [tuple(i) for i in o["backward"]["inputs"]]
+            }
+        self._by_name = {o["name"]: o for o in self._ops}
+
+    def __repr__(self) -> str:
+        return f"<polyop library {self.framework} {self.name_key}={self.name!r} {self.path}>"
+
+    # The polyop._core interface ------------------------------------------------------------
+
+    def ops(self) -> list[dict]:
+        return [dict(o) for o in self._ops]
+
+    def op_info(self, name: str) -> dict:
+        try:
+            return dict(self._by_name[name])
+        except KeyError:
+            raise ValueError(
+                f"polyop: unknown op `{name}` (known: {', '.join(self._by_name)})"
+            ) from None
+
+    def _call_str(self, fn, *args) -> str | None:
+        p = fn(*args)
+        if not p:
+            return None
+        try:
+            return ctypes.string_at(p).decode()
+        finally:
+            self._free(p)
+
+    def infer(self, name: str, input_specs, **attrs) -> list[tuple]:
+        specs = []
+        for s in input_specs:
+            if s is None:
+                specs.append(None)
+            else:
+                shape, dtype = s
+                specs.append([None if shape is None else [None if d is None else int(d) for d in shape],
+                              _dtype_name(dtype)])
+        req = json.dumps({"op": name, "inputs": specs, "attrs": {k: _json_attr(v) for k, v in attrs.items()}})
+        d = json.loads(self._call_str(self._infer, req.encode()))
+        if "error" in d:
+            _raise(d)
+        return [(None if s is None else tuple(s), dt) for s, dt in d["outputs"]]
+
+    def run(self, name: str, *arrays, **attrs):
+        """Run the library's CPU kernel on NumPy arrays (no framework involved): outputs are
+        allocated to the inferred shapes and written by the kernel. Ops with a data-dependent
+        output shape are refused (NotImplementedError)."""
+        import numpy as np
+
+        info = self.op_info(name)
+        if info["flags"]["data_dependent_shape"]:
+            raise NotImplementedError(f"polyop.{name}: data-dependent output shape; run it in a framework")
+        arrays = list(arrays) + [None] * (info["num_inputs"] - len(arrays))
+        ins, keep = [], []
+        for a in arrays:
+            if a is None:
+                ins.append(_Tensor(None, -1, None, None, None))
+                continue
+            a = np.asarray(a)
+            if a.dtype.name == "bfloat16":
+                import ml_dtypes  # noqa: F401
+            item = a.dtype.itemsize
+            if not a.flags.aligned or any(s % item for s in a.strides):
+                a = np.ascontiguousarray(a)
+            shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+            strides = (ctypes.c_int64 * max(a.ndim, 1))(*[s // item for s in a.strides])
+            dt = a.dtype.name.encode()
+            keep += [a, shape, strides, dt]
+            ins.append(_Tensor(dt, a.ndim, shape, strides, a.__array_interface__["data"][0]))
+        specs = [None if a is None else (np.asarray(a).shape, np.asarray(a).dtype.name) for a in arrays]
+        out_specs = self.infer(name, specs, **attrs)
+        outs, out_descs = [], []
+        for shape, dtype in out_specs:
+            if dtype == "bfloat16":
+                import ml_dtypes
+
+                o = np.empty(shape, dtype=ml_dtypes.bfloat16)
+            else:
+                o = np.empty(shape, dtype=dtype)
+            sh = (ctypes.c_int64 * max(o.ndim, 1))(*o.shape)
+            dt = dtype.encode()
+            keep += [sh, dt]
+            outs.append(o)
+            out_descs.append(_Tensor(dt, o.ndim, sh, None, o.__array_interface__["data"][0]))
+        in_arr = (_Tensor * max(len(ins), 1))(*ins)
+        out_arr = (_Tensor * max(len(out_descs), 1))(*out_descs)
+        attrs_json = json.dumps({k: _json_attr(v) for k, v in attrs.items()}).encode()
+        err = self._call_str(self._run, name.encode(), attrs_json, in_arr, len(ins), out_arr, len(out_descs))
+        del keep
+        if err is not None:
+            _raise(json.loads(err))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class _Stock:
+    """The :class:`Library` interface over the stock registry (``polyop._core``)."""
+
+    framework = None
+    path = None
+
+    def ops(self):
+        from . import _core
+
+        return _core.ops()
+
+    def op_info(self, name):
+        from . import _core
+
+        return _core.op_info(name)
+
+    def infer(self, name, input_specs, **attrs):
+        from . import _core
+
+        return _core.infer(name, input_specs, **attrs)
+
+    def run(self, name, *arrays, **attrs):
+        from . import _core
+
+        return _core.run(name, *arrays, **attrs)
+
+
+#: The stock registry as a metadata source.
+STOCK = _Stock()
+
+_cache: dict[str, Library] = {}
+_lock = threading.Lock()
+
+
+def open_library(path: str) -> Library:
+    """The :class:`Library` at ``path`` (one object per real path)."""
+    real = os.path.realpath(path)
+    with _lock:
+        lib = _cache.get(real)
+        if lib is None:
+            lib = _cache[real] = Library(real)
+        return lib
