@@ -88,18 +88,45 @@ num_int!(i32);
 num_int!(i64);
 
 /// Float compute types (f32, f64): transcendental functions and constants.
+///
+/// The `_v` functions and the gelu helpers are the ones kernels call in hot loops: for f32
+/// they are the branch-free, vectorisable versions of [`crate::vmath`]; for f64 they are
+/// libm / std (accurate to an ulp, scalar).
 pub trait Real: Num + num_traits::Float {
     fn from_f64(v: f64) -> Self;
-    fn erf(self) -> Self;
+    /// e^x.
+    fn exp_v(self) -> Self;
+    /// tanh(x).
+    fn tanh_v(self) -> Self;
+    /// x Phi(x) (exact gelu).
+    fn gelu_erf(self) -> Self;
+    /// d/dx x Phi(x) = Phi(x) + x phi(x).
+    fn gelu_erf_grad(self) -> Self;
 }
+/// 1/sqrt(2 pi)
+const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
 impl Real for f32 {
     #[inline(always)]
     fn from_f64(v: f64) -> Self {
         v as f32
     }
     #[inline(always)]
-    fn erf(self) -> Self {
-        libm::erff(self)
+    fn exp_v(self) -> Self {
+        crate::vmath::exp_f32(self)
+    }
+    #[inline(always)]
+    fn tanh_v(self) -> Self {
+        crate::vmath::tanh_f32(self)
+    }
+    #[inline(always)]
+    fn gelu_erf(self) -> Self {
+        self * crate::vmath::norm_cdf_f32(self)
+    }
+    #[inline(always)]
+    fn gelu_erf_grad(self) -> Self {
+        let pdf = FRAC_1_SQRT_2PI as f32 * crate::vmath::exp_f32(-0.5 * self * self);
+        crate::vmath::norm_cdf_f32(self) + self * pdf
     }
 }
 impl Real for f64 {
@@ -108,8 +135,22 @@ impl Real for f64 {
         v
     }
     #[inline(always)]
-    fn erf(self) -> Self {
-        libm::erf(self)
+    fn exp_v(self) -> Self {
+        self.exp()
+    }
+    #[inline(always)]
+    fn tanh_v(self) -> Self {
+        self.tanh()
+    }
+    #[inline(always)]
+    fn gelu_erf(self) -> Self {
+        0.5 * self * (1.0 + libm::erf(self * std::f64::consts::FRAC_1_SQRT_2))
+    }
+    #[inline(always)]
+    fn gelu_erf_grad(self) -> Self {
+        let cdf = 0.5 * (1.0 + libm::erf(self * std::f64::consts::FRAC_1_SQRT_2));
+        let pdf = FRAC_1_SQRT_2PI * (-0.5 * self * self).exp();
+        cdf + self * pdf
     }
 }
 
@@ -123,6 +164,10 @@ pub trait Scalar: Element {
     fn load(src: &[Self], dst: &mut [Self::C]);
     /// `dst[i] = from_c(src[i])` (equal lengths).
     fn store(src: &[Self::C], dst: &mut [Self]);
+    /// The slice itself when the compute type is the storage type (f32, f64, i32, i64).
+    fn as_c(s: &[Self]) -> Option<&[Self::C]>;
+    /// Mutable form of [`Scalar::as_c`].
+    fn as_c_mut(s: &mut [Self]) -> Option<&mut [Self::C]>;
 }
 
 macro_rules! scalar_ident {
@@ -144,6 +189,14 @@ macro_rules! scalar_ident {
             #[inline(always)]
             fn store(src: &[$t], dst: &mut [Self]) {
                 dst.copy_from_slice(src)
+            }
+            #[inline(always)]
+            fn as_c(s: &[Self]) -> Option<&[$t]> {
+                Some(s)
+            }
+            #[inline(always)]
+            fn as_c_mut(s: &mut [Self]) -> Option<&mut [$t]> {
+                Some(s)
             }
         }
     };
@@ -172,6 +225,14 @@ macro_rules! scalar_half {
             #[inline(always)]
             fn store(src: &[f32], dst: &mut [Self]) {
                 dst.convert_from_f32_slice(src)
+            }
+            #[inline(always)]
+            fn as_c(_: &[Self]) -> Option<&[f32]> {
+                None
+            }
+            #[inline(always)]
+            fn as_c_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+                None
             }
         }
     };
@@ -660,4 +721,95 @@ pub fn contiguous_lanes(shape: &[usize], axis: usize) -> Lanes {
 /// Grain (in lanes) so a task gets about [`GRAIN`] elements.
 pub fn lane_grain(n: usize) -> usize {
     (GRAIN / n.max(1)).max(1)
+}
+
+/// Partial sums of the fixed-order reductions below: element `i` of a row goes into partial
+/// `i % ACC`, and the partials are added pairwise in a fixed tree. The order depends only on
+/// the row length, never on threads or on the SIMD width the code was compiled for, and the
+/// independent partials let the loop vectorise.
+pub const ACC: usize = 16;
+
+/// Add the [`ACC`] partials in a fixed tree order (16 -> 8 -> 4 -> 2 -> 1).
+#[inline(always)]
+pub fn tree_sum<C: Num>(mut acc: [C; ACC]) -> C {
+    let mut w = ACC;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            acc[j] = acc[j].add(acc[j + w]);
+        }
+    }
+    acc[0]
+}
+
+/// Sum of `f(a[i], b[i])` over equal-length slices, in the fixed order described at [`ACC`].
+#[inline(always)]
+pub fn sum_zip<C: Num>(a: &[C], b: &[C], f: impl Fn(C, C) -> C) -> C {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [C::ZERO; ACC];
+    let (ca, cb) = (a.chunks_exact(ACC), b.chunks_exact(ACC));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for j in 0..ACC {
+            acc[j] = acc[j].add(f(x[j], y[j]));
+        }
+    }
+    for j in 0..ra.len() {
+        acc[j] = acc[j].add(f(ra[j], rb[j]));
+    }
+    tree_sum(acc)
+}
+
+/// Sum of `f(a[i])`, in the fixed order described at [`ACC`].
+#[inline(always)]
+pub fn sum_map<C: Num>(a: &[C], f: impl Fn(C) -> C) -> C {
+    sum_zip(a, a, |x, _| f(x))
+}
+
+/// Maximum of a row (NaN elements are skipped; `-inf` for an empty row), vectorisable.
+#[inline(always)]
+pub fn max_of<C: Num + num_traits::Float>(a: &[C]) -> C {
+    let mut acc = [C::neg_infinity(); ACC];
+    let c = a.chunks_exact(ACC);
+    let r = c.remainder();
+    for x in c {
+        for j in 0..ACC {
+            acc[j] = if x[j] > acc[j] { x[j] } else { acc[j] };
+        }
+    }
+    for j in 0..r.len() {
+        acc[j] = if r[j] > acc[j] { r[j] } else { acc[j] };
+    }
+    acc.iter()
+        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m })
+}
+
+/// Contiguous slice of `n` elements at `p + off` as the compute type, when the storage type
+/// is the compute type.
+///
+/// # Safety
+/// `p + off .. p + off + n` in bounds and not written concurrently.
+#[inline(always)]
+pub unsafe fn c_slice<'a, T: Scalar>(p: InPtr<T>, off: isize, n: usize) -> Option<&'a [T::C]> {
+    if n == 0 {
+        return T::as_c(&[]);
+    }
+    T::as_c(unsafe { std::slice::from_raw_parts(p.0.offset(off), n) })
+}
+
+/// Mutable form of [`c_slice`] for an output.
+///
+/// # Safety
+/// In bounds and owned by the caller's task.
+#[inline(always)]
+pub unsafe fn c_slice_mut<'a, T: Scalar>(
+    p: OutPtr<T>,
+    off: isize,
+    n: usize,
+) -> Option<&'a mut [T::C]> {
+    if n == 0 {
+        return T::as_c_mut(&mut []);
+    }
+    T::as_c_mut(unsafe { std::slice::from_raw_parts_mut(p.0.offset(off), n) })
 }

@@ -270,19 +270,16 @@ fn scale_cpu(ctx: &mut KernelCtx) -> Result<()> {
 }
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const FRAC_1_SQRT_2: f64 = std::f64::consts::FRAC_1_SQRT_2;
 const GELU_C: f64 = 0.044715;
-/// 1/sqrt(2 pi)
-const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
 #[inline(always)]
 fn gelu_c<C: Real>(x: C, tanh: bool) -> C {
     let half = C::from_f64(0.5);
     if tanh {
         let u = C::from_f64(SQRT_2_OVER_PI) * (x + C::from_f64(GELU_C) * x * x * x);
-        half * x * (C::ONE + u.tanh())
+        half * x * (C::ONE + u.tanh_v())
     } else {
-        half * x * (C::ONE + (x * C::from_f64(FRAC_1_SQRT_2)).erf())
+        x.gelu_erf()
     }
 }
 
@@ -293,12 +290,10 @@ fn gelu_grad_c<C: Real>(x: C, tanh: bool) -> C {
         let k = C::from_f64(SQRT_2_OVER_PI);
         let c = C::from_f64(GELU_C);
         let x2 = x * x;
-        let t = (k * (x + c * x2 * x)).tanh();
+        let t = (k * (x + c * x2 * x)).tanh_v();
         half * (C::ONE + t) + half * x * (C::ONE - t * t) * k * (C::ONE + C::from_f64(3.0) * c * x2)
     } else {
-        let cdf = half * (C::ONE + (x * C::from_f64(FRAC_1_SQRT_2)).erf());
-        let pdf = C::from_f64(FRAC_1_SQRT_2PI) * (-half * x * x).exp();
-        cdf + x * pdf
+        x.gelu_erf_grad()
     }
 }
 

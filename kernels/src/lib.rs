@@ -10,6 +10,7 @@ pub mod nonzero;
 pub mod norm;
 pub mod softmax;
 pub mod topk;
+pub mod vmath;
 
 /// Every stock op (forward and backward), validated.
 pub fn registry() -> &'static Registry {

@@ -2,20 +2,21 @@
 //!
 //! Numerically stable: each lane has its maximum subtracted before `exp`, so huge finite values
 //! (1e30) are fine. A lane that is all `-inf` (or contains `+inf` twice, or a NaN) gives NaN,
-//! as in PyTorch. Sums run in the compute type (f32 for half types) in index order, one lane
-//! per task, so results do not depend on the thread count.
+//! as in PyTorch. Sums run in the compute type (f32 for half types) in a fixed order (16
+//! partial sums, see `common::ACC`), one lane per task, so results do not depend on the thread
+//! count. Contiguous f32/f64 lanes are processed in place (no copies); the passes vectorise,
+//! with f32 `exp` from `vmath`.
 
-use crate::common::Num;
 use crate::common::{
-    contiguous_lanes, dims_compatible, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr,
-    store_strided, with_float, Lanes, Real, Scalar,
+    c_slice, c_slice_mut, contiguous_lanes, dims_compatible, fmt_dims, in_ptr, lane_grain,
+    load_strided, max_of, out_ptr, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes,
+    Num, Real, Scalar, ACC,
 };
 use crate::elementwise::req;
 use kernel_core::{
     normalize_axis, parallel_for, BwdInput, Error, InferCtx, KernelCtx, OpDef, Registry, Result,
     ShapeOut,
 };
-use num_traits::Float as _;
 
 pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
@@ -81,25 +82,66 @@ where
     if n == 0 || lin.count == 0 {
         return Ok(());
     }
+    let direct = lin.stride == 1 && lout.stride == 1;
     parallel_for(pool, lin.count, lane_grain(n), |range| {
-        let mut buf = vec![T::C::ZERO; n];
-        for lane in range {
-            // SAFETY: lanes come from the tensors' own shapes and strides; each output lane is
-            // written by one task.
-            unsafe { load_strided(p, lin.base(lane), lin.stride, &mut buf) };
-            let m = buf.iter().fold(T::C::neg_infinity(), |m, &v| m.max(v));
-            let mut sum = T::C::ZERO;
-            for v in buf.iter_mut() {
-                *v = (*v - m).exp();
-                sum = sum + *v;
+        with_simd(|| {
+            let mut buf = Vec::new();
+            let mut obuf = Vec::new();
+            for lane in range {
+                // SAFETY: lanes come from the tensors' own shapes and strides; each output
+                // lane is written by one task.
+                unsafe {
+                    let (src, dst) = if direct {
+                        (
+                            c_slice::<T>(p, lin.base(lane), n),
+                            c_slice_mut::<T>(o, lout.base(lane), n),
+                        )
+                    } else {
+                        (None, None)
+                    };
+                    if let (Some(src), Some(dst)) = (src, dst) {
+                        softmax_row(src, dst);
+                    } else {
+                        buf.resize(n, T::C::ZERO);
+                        obuf.resize(n, T::C::ZERO);
+                        load_strided(p, lin.base(lane), lin.stride, &mut buf);
+                        softmax_row(&buf, &mut obuf);
+                        store_strided(o, lout.base(lane), lout.stride, &obuf);
+                    }
+                }
             }
-            for v in buf.iter_mut() {
-                *v = *v / sum;
-            }
-            unsafe { store_strided(o, lout.base(lane), lout.stride, &buf) };
-        }
+        })
     });
     Ok(())
+}
+
+/// `dst = softmax(src)`: max, then `exp(x - max)` stored and summed (fixed order, see
+/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes.
+#[inline(always)]
+fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
+    let m = max_of(src);
+    // a NaN anywhere makes the sum NaN, hence every output NaN
+    let mut acc = [C::ZERO; ACC];
+    let (cs, cd) = (src.chunks_exact(ACC), dst.chunks_exact_mut(ACC));
+    let rs = cs.remainder();
+    let mut cd = cd;
+    for (s, d) in cs.zip(&mut cd) {
+        for j in 0..ACC {
+            let e = (s[j] - m).exp_v();
+            d[j] = e;
+            acc[j] = acc[j] + e;
+        }
+    }
+    let rd = cd.into_remainder();
+    for j in 0..rs.len() {
+        let e = (rs[j] - m).exp_v();
+        rd[j] = e;
+        acc[j] = acc[j] + e;
+    }
+    let sum = tree_sum(acc);
+    for v in dst.iter_mut() {
+        *v = *v / sum;
+    }
 }
 
 fn softmax_cpu(ctx: &mut KernelCtx) -> Result<()> {
@@ -122,26 +164,47 @@ where
     if n == 0 || ly.count == 0 {
         return Ok(());
     }
+    let direct = lg.stride == 1 && ly.stride == 1 && lout.stride == 1;
     parallel_for(pool, ly.count, lane_grain(n), |range| {
-        let mut gb = vec![T::C::ZERO; n];
-        let mut yb = vec![T::C::ZERO; n];
-        for lane in range {
-            // SAFETY: as in softmax.
-            unsafe {
-                load_strided(pg, lg.base(lane), lg.stride, &mut gb);
-                load_strided(py, ly.base(lane), ly.stride, &mut yb);
+        with_simd(|| {
+            let (mut gb, mut yb, mut ob) = (Vec::new(), Vec::new(), Vec::new());
+            for lane in range {
+                // SAFETY: as in softmax.
+                unsafe {
+                    let parts = if direct {
+                        (
+                            c_slice::<T>(pg, lg.base(lane), n),
+                            c_slice::<T>(py, ly.base(lane), n),
+                            c_slice_mut::<T>(o, lout.base(lane), n),
+                        )
+                    } else {
+                        (None, None, None)
+                    };
+                    if let (Some(g), Some(y), Some(d)) = parts {
+                        softmax_grad_row(g, y, d);
+                    } else {
+                        gb.resize(n, T::C::ZERO);
+                        yb.resize(n, T::C::ZERO);
+                        ob.resize(n, T::C::ZERO);
+                        load_strided(pg, lg.base(lane), lg.stride, &mut gb);
+                        load_strided(py, ly.base(lane), ly.stride, &mut yb);
+                        softmax_grad_row(&gb, &yb, &mut ob);
+                        store_strided(o, lout.base(lane), lout.stride, &ob);
+                    }
+                }
             }
-            let dot = gb
-                .iter()
-                .zip(&yb)
-                .fold(T::C::ZERO, |acc, (&a, &b)| acc + a * b);
-            for (gv, &yv) in gb.iter_mut().zip(&yb) {
-                *gv = yv * (*gv - dot);
-            }
-            unsafe { store_strided(o, lout.base(lane), lout.stride, &gb) };
-        }
+        })
     });
     Ok(())
+}
+
+/// `dst = y * (g - sum(g * y))`, the sum in the fixed order of [`crate::common::ACC`].
+#[inline(always)]
+fn softmax_grad_row<C: Real>(g: &[C], y: &[C], dst: &mut [C]) {
+    let dot = sum_zip(g, y, |a, b| a * b);
+    for ((d, &gv), &yv) in dst.iter_mut().zip(g).zip(y) {
+        *d = yv * (gv - dot);
+    }
 }
 
 fn softmax_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
