@@ -217,6 +217,15 @@ def worker(fw: str, path: str) -> int:
         report["framework_version"] = _load(fw, path)
     except Exception as e:  # noqa: BLE001
         report["error"] = f"{type(e).__name__}: {e}"
+        # Frameworks often wrap the dynamic loader's message ("Could not load this library");
+        # ask the loader directly for the reason (undefined symbol, wrong ELF class, ...).
+        import ctypes
+
+        try:
+            ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as le:
+            if str(le) not in report["error"]:
+                report["error"] += f" (dynamic loader: {le})"
         return emit(1)
     report["stage"] = "metadata"
     from polyop._library import open_library
@@ -329,7 +338,7 @@ def worker(fw: str, path: str) -> int:
 
 def _diagnose_load(fw: str, err: str) -> str:
     if "undefined symbol" in err:
-        sym = err.split("undefined symbol:")[-1].strip().split()[0] if "undefined symbol:" in err else "?"
+        sym = err.split("undefined symbol:")[-1].strip().split()[0].rstrip(")") if "undefined symbol:" in err else "?"
         return (f"the library needs symbol `{sym}`, which the installed {fw} does not provide: it was "
                 f"probably built against a different {fw} version; rebuild it against the installed one")
     if "GLIBC" in err or "GLIBCXX" in err:
@@ -387,7 +396,7 @@ def check(path: str, timeout: float = 600.0, python: str = sys.executable) -> tu
             "import": f"{fw} is not installed in this Python",
             "metadata": "the library loaded but its polyop metadata is unusable",
         }.get(stage, "")
-        return 1, "\n".join(lines + [f"loads:     no ({stage}): {err.strip().splitlines()[0][:300]}",
+        return 1, "\n".join(lines + [f"loads:     no ({stage}): {' '.join(err.split())[:500]}",
                                      f"result:    FAIL - {diag}"])
     lines.append("loads:     yes")
     lib = report["library"]
