@@ -207,24 +207,46 @@ impl Geom {
         let width = p1 - p0;
         let kk = self.kh * self.kw;
         let plane = self.h * self.w;
+        let (s, pad, w) = (self.s, self.p, self.w);
         for (ri, r) in rows.enumerate() {
             let (ch, ki, kj) = (r / kk, (r % kk) / self.kw, r % self.kw);
             let src = &x[(img * self.c + ch) * plane..(img * self.c + ch + 1) * plane];
             let dst = &mut col[ri * width..(ri + 1) * width];
-            let (mut oh, mut ow) = (p0 / self.ow, p0 % self.ow);
-            for d in dst.iter_mut() {
-                let ih = (oh * self.s + ki) as isize - self.p as isize;
-                let iw = (ow * self.s + kj) as isize - self.p as isize;
-                *d = if ih >= 0 && iw >= 0 && (ih as usize) < self.h && (iw as usize) < self.w {
-                    src[ih as usize * self.w + iw as usize]
+            // output columns whose input column ow * s + kj - pad is inside [0, w)
+            let ow_lo = if kj >= pad { 0 } else { (pad - kj).div_ceil(s) };
+            let ow_hi = if w + pad <= kj {
+                0
+            } else {
+                (w + pad - kj).div_ceil(s)
+            };
+            let mut p = p0;
+            while p < p1 {
+                // one output row's segment [ow0, ow1) of positions
+                let (oh, ow0) = (p / self.ow, p % self.ow);
+                let ow1 = self.ow.min(ow0 + (p1 - p));
+                let seg = &mut dst[p - p0..p - p0 + (ow1 - ow0)];
+                let ih = (oh * s + ki) as isize - pad as isize;
+                if ih < 0 || ih as usize >= self.h {
+                    seg.fill(C::ZERO);
                 } else {
-                    C::ZERO
-                };
-                ow += 1;
-                if ow == self.ow {
-                    ow = 0;
-                    oh += 1;
+                    let row = &src[ih as usize * w..(ih as usize + 1) * w];
+                    let lo = ow_lo.clamp(ow0, ow1);
+                    let hi = ow_hi.clamp(lo, ow1);
+                    seg[..lo - ow0].fill(C::ZERO);
+                    seg[hi - ow0..].fill(C::ZERO);
+                    let out = &mut seg[lo - ow0..hi - ow0];
+                    if hi > lo {
+                        let first = lo * s + kj - pad;
+                        if s == 1 {
+                            out.copy_from_slice(&row[first..first + (hi - lo)]);
+                        } else {
+                            for (j, d) in out.iter_mut().enumerate() {
+                                *d = row[first + j * s];
+                            }
+                        }
+                    }
                 }
+                p += ow1 - ow0;
             }
         }
     }
