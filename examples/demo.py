@@ -316,6 +316,11 @@ def main() -> int:
     if mismatches:
         print(f"\n{mismatches} result(s) differ from the NumPy core.")
         return 1
+    missing = [c for c in cols if runs[c]["status"] != "ok"]
+    if missing:
+        # The demo's point is all four frameworks: one that did not run is a failure, not a skip.
+        print(f"\nthese frameworks did not run: {', '.join(missing)} (run `bash ci/setup.sh`, then retry)")
+        return 1
     print("\nidentical: yes -- every framework that ran returned the NumPy core's bits.")
     return 0
 
