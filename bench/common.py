@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import statistics
 import time
 from typing import Callable
@@ -109,10 +110,16 @@ def make_workloads(size: str) -> list[Workload]:
     return w
 
 
+# `bench/run.py --smoke` (CI) shortens every measurement: it checks the harness, not speed.
+SMOKE = os.environ.get("POLYOP_BENCH_SMOKE") == "1"
+
+
 def measure(fns: dict[str, Callable[[], object]], min_time: float = 0.25, repeats: int = 7) -> dict[str, float]:
     """Median seconds per call of each callable. Calls are batched so each sample lasts at
     least min_time/repeats, and the callables are interleaved sample by sample so drift in the
     machine's speed hits them equally."""
+    if SMOKE:
+        min_time, repeats = 0.005, 3
     for f in fns.values():  # warm-up (compilation, caches, thread pools)
         for _ in range(3):
             f()

@@ -2,7 +2,8 @@
 for the same work, in the same process. Writes docs/benchmarks.md and PNG plots.
 
     .venv/bin/python bench/run.py              # full run (~15 min on 2 cores), writes docs/
-    .venv/bin/python bench/run.py --quick      # seconds; smoke test, writes nothing by default
+    .venv/bin/python bench/run.py --quick      # small sizes, a few minutes; writes nothing by default
+    .venv/bin/python bench/run.py --smoke      # CI's check that the harness still works
 
 Each framework runs in its own subprocess (they never share a process) and reports JSON.
 """
@@ -157,7 +158,8 @@ def plot(results, outdir: Path) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny sizes; a smoke run")
+    ap.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes for all frameworks)")
+    ap.add_argument("--smoke", action="store_true", help="small sizes and very short timings: checks the harness (CI)")
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     ap.add_argument("--out", help="markdown output (default docs/benchmarks.md for a full run, none for --quick)")
     ap.add_argument("--child")
@@ -167,10 +169,12 @@ def main() -> int:
     if args.child:
         child(args.child, args.size, args.json)
         return 0
-    size = "quick" if args.quick else "full"
+    if args.smoke:
+        os.environ["POLYOP_BENCH_SMOKE"] = "1"  # inherited by the per-framework subprocesses
+    size = "quick" if (args.quick or args.smoke) else "full"
     results, versions, extra = collect(args.frameworks.split(","), size)
     copy_gbps = copy_bandwidth()
-    out = args.out or (None if args.quick else str(ROOT / "docs" / "benchmarks.md"))
+    out = args.out or (None if (args.quick or args.smoke) else str(ROOT / "docs" / "benchmarks.md"))
     for r in results:
         print(f"{r.framework:12s} {r.op:9s} {r.kind:10s} {r.label:24s} ratio {r.ratio:5.2f}")
     if out:
