@@ -29,6 +29,52 @@ pub struct Api(pub &'static OrtApi);
 unsafe impl Send for Api {}
 unsafe impl Sync for Api {}
 
+/// `OrtApi::GetTensorElementTypeAndShapeDataReference` (C API 24, onnxruntime 1.24): element
+/// type and a borrowed pointer to the value's dims, without the allocation (and four extra
+/// calls) of `GetTensorTypeAndShape`. The bindings are built for API 17, so the entry is read by
+/// its index in the append-only table: 414 (byte offset 3312). The 276 entries of API <= 17
+/// are checked below against `ort-sys`'s struct; 414 = 276 + the 138 entries added by APIs
+/// 18-23 and this one's position in 24 (counted from `ort-sys` with feature `api-24`; the
+/// offset matches onnxruntime_c_api.h).
+pub type ShapeRefFn = unsafe extern "system" fn(
+    value: *const OrtValue,
+    elem_type: *mut ET,
+    shape_data: *mut *const i64,
+    shape_data_count: *mut usize,
+) -> OrtStatusPtr;
+const SHAPE_REF_API_VERSION: u32 = 24;
+const SHAPE_REF_INDEX: usize = 414;
+const _: () = assert!(std::mem::size_of::<OrtApi>() == 276 * std::mem::size_of::<usize>());
+const _: () = assert!(
+    std::mem::offset_of!(OrtApi, KernelContext_ParallelFor) == 274 * std::mem::size_of::<usize>()
+);
+
+static SHAPE_REF: std::sync::OnceLock<Option<ShapeRefFn>> = std::sync::OnceLock::new();
+
+/// Look up [`ShapeRefFn`] once per process (at registration): `None` on runtimes older
+/// than API 24, or when `POLYOP_ORT_NO_SHAPE_REF` is set (to test the fallback).
+///
+/// # Safety
+/// `base` is the `OrtApiBase` onnxruntime passed to `RegisterCustomOps`.
+pub unsafe fn init_shape_ref(base: &ort_sys::OrtApiBase) {
+    SHAPE_REF.get_or_init(|| {
+        if std::env::var_os("POLYOP_ORT_NO_SHAPE_REF").is_some() {
+            return None;
+        }
+        let t = unsafe { (base.GetApi)(SHAPE_REF_API_VERSION) };
+        if t.is_null() {
+            return None;
+        }
+        // SAFETY: a table of version >= 24 has at least SHAPE_REF_INDEX + 1 entries, each a
+        // function pointer (entries are never removed or reordered).
+        unsafe { *(t as *const Option<ShapeRefFn>).add(SHAPE_REF_INDEX) }
+    });
+}
+
+fn shape_ref_fn() -> Option<ShapeRefFn> {
+    SHAPE_REF.get().copied().flatten()
+}
+
 /// ONNX element type <-> polyop dtype.
 pub fn dtype_from_onnx(t: ET) -> Option<DType> {
     Some(match t {
@@ -158,8 +204,26 @@ impl Api {
         }
     }
 
-    /// Element type and concrete shape of a tensor value.
+    /// Element type and concrete shape of a tensor value. Per-call hot path: uses
+    /// `GetTensorElementTypeAndShapeDataReference` (borrowed dims, nothing allocated by
+    /// onnxruntime) when the runtime has it, else the `OrtTensorTypeAndShapeInfo` sequence.
     pub unsafe fn value_type_shape(&self, v: *const OrtValue) -> Result<(ET, Vec<usize>)> {
+        if let Some(f) = shape_ref_fn() {
+            let mut et = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+            let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
+            unsafe { self.check(f(v, &mut et, &mut data, &mut n))? };
+            let dims: &[i64] = if n == 0 || data.is_null() {
+                &[]
+            } else {
+                // SAFETY: onnxruntime's own shape array of `n` dims, alive as long as `v`.
+                unsafe { std::slice::from_raw_parts(data, n) }
+            };
+            let shape = dims
+                .iter()
+                .map(|&d| dim_from_ort(d).ok_or_else(|| Error::internal("negative runtime dim")))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok((et, shape));
+        }
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
         unsafe {
             self.check((self.0.GetTensorTypeAndShape)(v, &mut info))?;
@@ -172,6 +236,26 @@ impl Api {
                 .collect::<Result<Vec<_>>>()?;
             Ok((et, shape))
         }
+    }
+
+    /// Whether tensor value `v` has element type `et` and dims `shape`.
+    pub unsafe fn value_is(&self, v: *const OrtValue, et: ET, shape: &[usize]) -> Result<bool> {
+        if let Some(f) = shape_ref_fn() {
+            let mut got = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+            let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
+            unsafe { self.check(f(v, &mut got, &mut data, &mut n))? };
+            if got != et || n != shape.len() {
+                return Ok(false);
+            }
+            if n == 0 {
+                return Ok(true);
+            }
+            // SAFETY: onnxruntime's own shape array of `n` dims, alive as long as `v`.
+            let dims = unsafe { std::slice::from_raw_parts(data, n) };
+            return Ok(dims.iter().zip(shape).all(|(&d, &s)| d == s as i64));
+        }
+        let (got, dims) = unsafe { self.value_type_shape(v) }?;
+        Ok(got == et && dims == shape)
     }
 
     pub unsafe fn tensor_data(&self, v: *const OrtValue) -> Result<*mut u8> {
@@ -205,7 +289,18 @@ impl Api {
         i: usize,
         shape: &[usize],
     ) -> Result<*mut OrtValue> {
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        // Dims on the stack for the usual ranks (this runs on every call).
+        let mut small = [0i64; 8];
+        let heap: Vec<i64>;
+        let dims: &[i64] = if shape.len() <= small.len() {
+            for (d, &s) in small.iter_mut().zip(shape) {
+                *d = s as i64;
+            }
+            &small[..shape.len()]
+        } else {
+            heap = shape.iter().map(|&d| d as i64).collect();
+            &heap
+        };
         let mut v: *mut OrtValue = ptr::null_mut();
         unsafe {
             self.check((self.0.KernelContext_GetOutput)(

@@ -20,6 +20,7 @@
 
 use crate::api::{dtype_from_onnx, onnx_from_dtype, unsupported_type, Api, API_VERSION};
 use crate::pool::OrtPool;
+use kernel_core::op::InferCache;
 use kernel_core::{
     contiguous_strides, ArgType, Attrs, DType, Error, KernelCtx, OpDef, OutputAllocator,
     OwnedTensor, Result, TensorMut, TensorRef, TensorSpec, TypeRule,
@@ -178,11 +179,13 @@ fn guard(api: Api, op: &OpDef, f: impl FnOnce() -> Result<()>) -> OrtStatusPtr {
 
 // ---- kernel -------------------------------------------------------------------------------
 
-/// Per-node state: the op and its attributes, read and validated once at kernel creation.
+/// Per-node state: the op and its attributes, read and validated once at kernel creation,
+/// and the shapes inferred for recent input shapes (so a repeated call skips inference).
 struct Kernel {
     api: Api,
     op: &'static OpDef,
     attrs: Attrs,
+    cache: InferCache,
 }
 
 unsafe extern "system" fn create_kernel_v2(
@@ -225,6 +228,7 @@ unsafe extern "system" fn create_kernel_v2(
             api,
             op: p.op,
             attrs,
+            cache: InferCache::new(),
         });
         unsafe { *kernel = Box::into_raw(k) as *mut c_void };
         Ok(())
@@ -318,8 +322,10 @@ unsafe fn output_view<'a>(
         scratch.push(t); // the heap buffer does not move with the OwnedTensor
         return Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr) });
     }
-    let (et, got) = unsafe { api.value_type_shape(v) }?;
-    if dtype_from_onnx(et) != Some(dtype) || got != shape {
+    // Defensive (the kernel writes `dtype` elements of `shape` into this buffer): checked
+    // without allocating on runtimes with the borrowed-shape API.
+    if !unsafe { api.value_is(v, onnx_from_dtype(dtype), shape) }? {
+        let (et, got) = unsafe { api.value_type_shape(v) }?;
         return Err(Error::internal(format!(
             "onnxruntime allocated output {i} as {} {got:?}, expected {dtype} {shape:?}",
             crate::api::onnx_type_name(et)
@@ -362,7 +368,7 @@ impl Kernel {
             }));
         }
         // Validates arity, dtypes, shapes and attribute values before any output is touched.
-        let specs = op.infer_concrete(&inputs, &self.attrs)?;
+        let specs = op.infer_concrete_cached(&self.cache, &inputs, &self.attrs)?;
         let n_out = unsafe { api.output_count(ctx) }?;
         let pool = OrtPool { api, ctx };
         let mut scratch: Vec<OwnedTensor> = Vec::new();
@@ -389,13 +395,12 @@ impl Kernel {
         }
         let mut outputs: Vec<TensorMut> = Vec::with_capacity(specs.len());
         for (i, s) in specs.iter().enumerate() {
-            let shape = s.concrete().ok_or_else(|| {
+            let shape = s.shape.as_deref().ok_or_else(|| {
                 Error::internal(format!(
                     "output {i} has no static shape for concrete inputs"
                 ))
             })?;
-            outputs
-                .push(unsafe { output_view(api, ctx, n_out, i, s.dtype, &shape, &mut scratch) }?);
+            outputs.push(unsafe { output_view(api, ctx, n_out, i, s.dtype, shape, &mut scratch) }?);
         }
         let mut kctx = KernelCtx::new(op, &inputs, &mut outputs, &self.attrs, &pool);
         op.compute(&mut kctx)

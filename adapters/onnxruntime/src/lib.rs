@@ -103,6 +103,7 @@ pub unsafe fn register_custom_ops_in_domain(
         );
     }
     let api = Api(unsafe { &*api_ptr });
+    unsafe { api::init_shape_ref(base) };
     let r = std::panic::catch_unwind(|| -> kernel_core::Result<()> {
         let ops = custom_ops(registry, api);
         let domain_name = CString::new(domain_name)

@@ -394,6 +394,136 @@ impl OpDef {
     }
 }
 
+/// A concrete output of [`OpDef::infer_concrete_cached`]: dtype and, when inference fixes
+/// it (every op without `data_dependent_shape`), the shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutSpec {
+    pub dtype: DType,
+    pub shape: Option<Vec<usize>>,
+}
+
+/// How many (input specs, attributes) combinations an [`InferCache`] remembers.
+pub const INFER_CACHE_ENTRIES: usize = 8;
+
+/// Remembers the results of the last few successful concrete shape inferences of one op, so a
+/// call with the same input dtypes/shapes and attributes as a recent one skips validation and
+/// the shape function (both pure functions of exactly those). Adapters keep one per kernel
+/// instance (ONNX Runtime, TensorFlow) or per exported op (XLA, torch). Thread-safe; a
+/// contended cache is bypassed rather than waited for. Errors are never cached.
+#[derive(Default)]
+pub struct InferCache {
+    entries: std::sync::Mutex<Vec<CacheEntry>>,
+}
+
+struct CacheEntry {
+    /// Per input: `usize::MAX` (absent) or dtype code, rank, dims.
+    key: Vec<usize>,
+    attrs: Attrs,
+    out: std::sync::Arc<[OutSpec]>,
+}
+
+const ABSENT: usize = usize::MAX;
+
+fn key_matches(key: &[usize], inputs: &[Option<TensorRef>]) -> bool {
+    let mut k = key.iter();
+    for t in inputs {
+        match t {
+            None => {
+                if k.next() != Some(&ABSENT) {
+                    return false;
+                }
+            }
+            Some(t) => {
+                if k.next() != Some(&(t.dtype as usize)) || k.next() != Some(&t.shape.len()) {
+                    return false;
+                }
+                for d in &t.shape {
+                    if k.next() != Some(d) {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+    k.next().is_none()
+}
+
+fn make_key(inputs: &[Option<TensorRef>]) -> Vec<usize> {
+    let mut key = Vec::with_capacity(inputs.len() * 4);
+    for t in inputs {
+        match t {
+            None => key.push(ABSENT),
+            Some(t) => {
+                key.push(t.dtype as usize);
+                key.push(t.shape.len());
+                key.extend_from_slice(&t.shape);
+            }
+        }
+    }
+    key
+}
+
+impl InferCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The entries, unless another thread holds them (then the cache is bypassed). Entries are
+    /// only ever pushed whole, so a poisoned lock still guards consistent data.
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Vec<CacheEntry>>> {
+        match self.entries.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for InferCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InferCache")
+    }
+}
+
+impl OpDef {
+    /// [`OpDef::infer_concrete`] through `cache`: the same result (as [`OutSpec`]s) and the
+    /// same errors, without re-running validation and the shape function when these input
+    /// dtypes/shapes and attributes were inferred successfully before.
+    pub fn infer_concrete_cached(
+        &self,
+        cache: &InferCache,
+        inputs: &[Option<TensorRef>],
+        attrs: &Attrs,
+    ) -> Result<std::sync::Arc<[OutSpec]>> {
+        if let Some(entries) = cache.lock() {
+            if let Some(e) = entries
+                .iter()
+                .find(|e| key_matches(&e.key, inputs) && e.attrs == *attrs)
+            {
+                return Ok(e.out.clone());
+            }
+        }
+        let out: std::sync::Arc<[OutSpec]> = self
+            .infer_concrete(inputs, attrs)?
+            .into_iter()
+            .map(|s| OutSpec {
+                dtype: s.dtype,
+                shape: s.concrete(),
+            })
+            .collect();
+        if let Some(mut entries) = cache.lock() {
+            if entries.len() >= INFER_CACHE_ENTRIES {
+                entries.remove(0);
+            }
+            entries.push(CacheEntry {
+                key: make_key(inputs),
+                attrs: attrs.clone(),
+                out: out.clone(),
+            });
+        }
+        Ok(out)
+    }
+}
+
 impl OpBuilder {
     pub fn doc(mut self, doc: &'static str) -> Self {
         self.doc = doc;
