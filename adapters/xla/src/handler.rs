@@ -5,6 +5,7 @@
 
 use crate::ffi_sys as sys;
 use crate::pool::XlaPool;
+use kernel_core::op::InferCache;
 use kernel_core::{
     default_pool, AttrValue, DType, Error, ErrorKind, KernelCtx, OpDef, Registry, Result,
     TensorMut, TensorRef, ThreadPool,
@@ -128,20 +129,21 @@ struct RawBuffer {
     data: *mut u8,
 }
 
-unsafe fn decode_buffer(p: *mut std::ffi::c_void, what: &str) -> Result<RawBuffer> {
+unsafe fn decode_buffer(p: *mut std::ffi::c_void, what: impl Fn() -> String) -> Result<RawBuffer> {
     if p.is_null() {
-        return Err(Error::internal(format!("{what}: null buffer")));
+        return Err(Error::internal(format!("{}: null buffer", what())));
     }
     let b = unsafe { &*(p as *const sys::XLA_FFI_Buffer) };
     if b.struct_size < sys::XLA_FFI_Buffer_STRUCT_SIZE as usize {
         return Err(Error::internal(format!(
-            "{what}: XLA_FFI_Buffer size {} < {} (FFI version skew)",
+            "{}: XLA_FFI_Buffer size {} < {} (FFI version skew)",
+            what(),
             b.struct_size,
             sys::XLA_FFI_Buffer_STRUCT_SIZE
         )));
     }
     if b.rank < 0 {
-        return Err(Error::internal(format!("{what}: negative rank")));
+        return Err(Error::internal(format!("{}: negative rank", what())));
     }
     let dims: Vec<usize> = if b.rank == 0 {
         Vec::new()
@@ -149,7 +151,8 @@ unsafe fn decode_buffer(p: *mut std::ffi::c_void, what: &str) -> Result<RawBuffe
         let d = unsafe { std::slice::from_raw_parts(b.dims, b.rank as usize) };
         if d.iter().any(|&x| x < 0) {
             return Err(Error::invalid(format!(
-                "{what}: dynamic or negative dims {d:?} are not supported (static shapes only)"
+                "{}: dynamic or negative dims {d:?} are not supported (static shapes only)",
+                what()
             )));
         }
         d.iter().map(|&x| x as usize).collect()
@@ -365,14 +368,219 @@ unsafe fn populate_metadata(frame: &sys::XLA_FFI_CallFrame) -> Result<bool> {
     Ok(true)
 }
 
-/// The generic handler: run `op_name` from `registry` on the call frame.
+/// Per exported symbol: the op (looked up once) and, per distinct attribute set seen in call
+/// frames, the bound attributes and an inference cache. What makes a repeated call (the
+/// jitted-program case: same attributes, same shapes) skip the registry lookup, attribute
+/// decoding/binding and shape inference. [`export!`](crate::export) gives every handler one.
+pub struct OpState {
+    op: std::sync::OnceLock<&'static OpDef>,
+    calls: std::sync::Mutex<Vec<std::sync::Arc<CallSite>>>,
+}
+
+/// Attribute sets remembered per op (oldest dropped first).
+const CALL_SITES: usize = 32;
+
+/// One attribute set: its raw encoding in the call frame, bound, and the shapes inferred
+/// for recent input shapes under it.
+struct CallSite {
+    key: Vec<u8>,
+    attrs: kernel_core::Attrs,
+    infer: InferCache,
+}
+
+impl OpState {
+    pub const fn new() -> Self {
+        OpState {
+            op: std::sync::OnceLock::new(),
+            calls: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn op(&self, registry: &'static Registry, name: &str) -> Result<&'static OpDef> {
+        if let Some(op) = self.op.get() {
+            return Ok(op);
+        }
+        let op = registry.lookup(name)?;
+        Ok(*self.op.get_or_init(|| op))
+    }
+
+    /// The call site for the frame's attributes, binding them on first sight.
+    unsafe fn call_site(
+        &self,
+        op: &OpDef,
+        attrs: &sys::XLA_FFI_Attrs,
+    ) -> Result<std::sync::Arc<CallSite>> {
+        let lock = || self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        // Frames whose attributes cannot be keyed (dictionaries, odd dtypes) are decoded
+        // every time; decoding reports what is wrong with them.
+        let keyable = unsafe { attrs_key(attrs, &mut |_| true) };
+        if keyable {
+            let sites = lock();
+            if let Some(site) = sites.iter().find(|site| {
+                let mut rest: &[u8] = &site.key;
+                let same = unsafe {
+                    attrs_key(attrs, &mut |chunk| match rest.strip_prefix(chunk) {
+                        Some(r) => {
+                            rest = r;
+                            true
+                        }
+                        None => false,
+                    })
+                };
+                same && rest.is_empty()
+            }) {
+                return Ok(site.clone());
+            }
+        }
+        let bound = unsafe { decode_attrs(op, attrs)? };
+        let mut key = Vec::new();
+        if keyable {
+            unsafe {
+                attrs_key(attrs, &mut |chunk| {
+                    key.extend_from_slice(chunk);
+                    true
+                })
+            };
+        }
+        let site = std::sync::Arc::new(CallSite {
+            key,
+            attrs: bound,
+            infer: InferCache::new(),
+        });
+        if keyable {
+            let mut sites = lock();
+            if sites.len() >= CALL_SITES {
+                sites.remove(0);
+            }
+            sites.push(site.clone());
+        }
+        Ok(site)
+    }
+}
+
+impl Default for OpState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Byte size of an XLA element type usable in an attribute key (`None`: not keyable).
+fn xla_elem_size(d: sys::XLA_FFI_DataType) -> Option<usize> {
+    Some(match d {
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_S8
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U8 => 1,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S16
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U16
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_F16
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => 2,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S32
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U32
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => 4,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S64
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U64
+        | sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => 8,
+        _ => return None,
+    })
+}
+
+/// Feed an unambiguous byte encoding of the frame's attributes (count; per attribute: name,
+/// type, dtype, value bytes, lengths prefixed) to `sink`, chunk by chunk, without allocating.
+/// Stops early when `sink` returns false. Returns false when `sink` did, or when an attribute
+/// cannot be encoded (null pointers, dictionaries, unknown dtypes).
+unsafe fn attrs_key(attrs: &sys::XLA_FFI_Attrs, sink: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+    let n = attrs.size.max(0) as usize;
+    if !sink(&n.to_ne_bytes()) {
+        return false;
+    }
+    for i in 0..n {
+        let name = unsafe { *attrs.names.add(i) };
+        let ty = unsafe { *attrs.types.add(i) };
+        let p = unsafe { *attrs.attrs.add(i) };
+        if name.is_null() || p.is_null() {
+            return false;
+        }
+        let name = unsafe { &*name };
+        let name_bytes: &[u8] = if name.len == 0 {
+            &[]
+        } else {
+            unsafe { std::slice::from_raw_parts(name.ptr as *const u8, name.len) }
+        };
+        let (dtype, value): (sys::XLA_FFI_DataType, &[u8]) = match ty {
+            sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR => {
+                let s = unsafe { &*(p as *const sys::XLA_FFI_Scalar) };
+                let Some(size) = xla_elem_size(s.dtype) else {
+                    return false;
+                };
+                if s.value.is_null() {
+                    return false;
+                }
+                (s.dtype, unsafe {
+                    std::slice::from_raw_parts(s.value as *const u8, size)
+                })
+            }
+            sys::XLA_FFI_AttrType_XLA_FFI_AttrType_STRING => {
+                let b = unsafe { &*(p as *const sys::XLA_FFI_ByteSpan) };
+                let v: &[u8] = if b.len == 0 {
+                    &[]
+                } else {
+                    unsafe { std::slice::from_raw_parts(b.ptr as *const u8, b.len) }
+                };
+                (0, v)
+            }
+            sys::XLA_FFI_AttrType_XLA_FFI_AttrType_ARRAY => {
+                let a = unsafe { &*(p as *const sys::XLA_FFI_Array) };
+                let Some(size) = xla_elem_size(a.dtype) else {
+                    return false;
+                };
+                let v: &[u8] = if a.size == 0 {
+                    &[]
+                } else if a.data.is_null() {
+                    return false;
+                } else {
+                    unsafe { std::slice::from_raw_parts(a.data as *const u8, a.size * size) }
+                };
+                (a.dtype, v)
+            }
+            _ => return false,
+        };
+        let ok = sink(&name_bytes.len().to_ne_bytes())
+            && sink(name_bytes)
+            && sink(&(ty as u64).to_ne_bytes())
+            && sink(&(dtype as u64).to_ne_bytes())
+            && sink(&value.len().to_ne_bytes())
+            && sink(value);
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// The generic handler: run `op_name` from `registry` on the call frame. Looks the op up
+/// and binds attributes on every call; exported handlers use [`handle_with`] and keep an
+/// [`OpState`] instead.
 ///
 /// # Safety
 /// `frame` is null or a call frame handed to an FFI handler by XLA (or a test that builds
 /// one with the same guarantees).
 pub unsafe fn handle(
-    registry: &Registry,
+    registry: &'static Registry,
     op_name: &str,
+    frame: *mut sys::XLA_FFI_CallFrame,
+) -> FfiError {
+    let state = OpState::new();
+    unsafe { handle_with(registry, op_name, &state, frame) }
+}
+
+/// [`handle`] with per-symbol state (see [`OpState`]).
+///
+/// # Safety
+/// As for [`handle`].
+pub unsafe fn handle_with(
+    registry: &'static Registry,
+    op_name: &str,
+    state: &OpState,
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> FfiError {
     if frame.is_null() {
@@ -380,7 +588,7 @@ pub unsafe fn handle(
     }
     let api = unsafe { (*frame).api };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-        handle_inner(registry, op_name, frame)
+        handle_inner(registry, op_name, state, frame)
     }));
     let r = match r {
         Ok(r) => r,
@@ -393,8 +601,9 @@ pub unsafe fn handle(
 }
 
 unsafe fn handle_inner(
-    registry: &Registry,
+    registry: &'static Registry,
     op_name: &str,
+    state: &OpState,
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> Result<()> {
     let f = unsafe { &*frame };
@@ -414,7 +623,7 @@ unsafe fn handle_inner(
         // Only an execute handler is registered; other stages have nothing to do.
         return Ok(());
     }
-    let op = registry.lookup(op_name)?;
+    let op = state.op(registry, op_name)?;
     if op.flags.inplace {
         return Err(Error::unsupported(
             "in-place ops exist only on the torch surface; use the out-of-place op with XLA",
@@ -427,8 +636,9 @@ unsafe fn handle_inner(
         ));
     }
     let inputs = unsafe { decode_inputs(op, &f.args)? };
-    let attrs = unsafe { decode_attrs(op, &f.attrs)? };
-    let specs = op.infer_concrete(&inputs, &attrs)?;
+    let site = unsafe { state.call_site(op, &f.attrs)? };
+    let attrs = &site.attrs;
+    let specs = op.infer_concrete_cached(&site.infer, &inputs, attrs)?;
 
     // Outputs: XLA pre-allocated them; they must be exactly what kernel-core infers.
     let rets = &f.rets;
@@ -445,15 +655,17 @@ unsafe fn handle_inner(
         if ty != sys::XLA_FFI_RetType_XLA_FFI_RetType_BUFFER {
             return Err(Error::invalid(format!("result {i} is not a buffer")));
         }
-        let name = op.schema.output_name(i);
-        let b = unsafe { decode_buffer(*rets.rets.add(i), &format!("result `{name}`"))? };
+        let name = || op.schema.output_name(i);
+        let b = unsafe { decode_buffer(*rets.rets.add(i), || format!("result `{}`", name()))? };
         let want = spec
-            .concrete()
+            .shape
+            .as_deref()
             .ok_or_else(|| Error::internal("shape inference left a dim unknown"))?;
         if b.xla_dtype != dtype_to_xla(spec.dtype) || b.dims != want {
             return Err(Error::invalid(format!(
-                "result `{name}` was declared as {}{:?} but the op produces {}{:?} \
+                "result `{}` was declared as {}{:?} but the op produces {}{:?} \
                  (declare result shapes with polyop.infer / polyop.jax)",
+                name(),
                 xla_dtype_name(b.xla_dtype),
                 b.dims,
                 spec.dtype,
@@ -469,7 +681,7 @@ unsafe fn handle_inner(
         Some(p) => p,
         None => default_pool(),
     };
-    let mut ctx = KernelCtx::new(op, &inputs, &mut outputs, &attrs, pool);
+    let mut ctx = KernelCtx::new(op, &inputs, &mut outputs, attrs, pool);
     op.compute(&mut ctx)
 }
 
@@ -477,21 +689,20 @@ unsafe fn decode_inputs<'a>(
     op: &OpDef,
     args: &sys::XLA_FFI_Args,
 ) -> Result<Vec<Option<TensorRef<'a>>>> {
-    let tensor_args: Vec<_> = op.schema.tensor_args().collect();
+    let num = op.num_inputs();
     let n = args.size.max(0) as usize;
-    if n > tensor_args.len() {
+    if n > num {
         return Err(Error::invalid(format!(
-            "expected at most {} tensor operand(s) ({}), got {n}",
-            tensor_args.len(),
-            tensor_args
-                .iter()
+            "expected at most {num} tensor operand(s) ({}), got {n}",
+            op.schema
+                .tensor_args()
                 .map(|a| a.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
     }
-    let mut out = Vec::with_capacity(tensor_args.len());
-    for (i, arg) in tensor_args.iter().enumerate() {
+    let mut out = Vec::with_capacity(num);
+    for (i, arg) in op.schema.tensor_args().enumerate() {
         if i >= n {
             // Absent trailing operand: fine for `Tensor?`, an error for a required one
             // (check_inputs reports it by name).
@@ -505,7 +716,7 @@ unsafe fn decode_inputs<'a>(
                 arg.name
             )));
         }
-        let b = unsafe { decode_buffer(*args.args.add(i), &format!("operand `{}`", arg.name))? };
+        let b = unsafe { decode_buffer(*args.args.add(i), || format!("operand `{}`", arg.name))? };
         let dtype = dtype_from_xla(b.xla_dtype).ok_or_else(|| {
             Error::invalid(format!(
                 "unsupported dtype {} for input `{}`",

@@ -25,7 +25,7 @@ pub mod ffi_sys;
 pub mod handler;
 pub mod pool;
 
-pub use handler::{handle, API_MAJOR, API_MINOR, PINNED_JAXLIB};
+pub use handler::{handle, handle_with, OpState, API_MAJOR, API_MINOR, PINNED_JAXLIB};
 pub use kernel_core::Registry;
 
 /// Build an XLA / JAX library from a registry: in a `cdylib` crate,
@@ -62,8 +62,11 @@ macro_rules! export {
                 pub unsafe extern "C" fn $name(
                     frame: *mut $crate::ffi_sys::XLA_FFI_CallFrame,
                 ) -> *mut $crate::ffi_sys::XLA_FFI_Error {
+                    static STATE: $crate::handler::OpState = $crate::handler::OpState::new();
                     let registry: &'static $crate::Registry = $registry;
-                    unsafe { $crate::handler::handle(registry, stringify!($name), frame) }
+                    unsafe {
+                        $crate::handler::handle_with(registry, stringify!($name), &STATE, frame)
+                    }
                 }
             )+
         }

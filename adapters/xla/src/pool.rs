@@ -15,11 +15,14 @@ use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// XLA's intra-op pool, for one handler invocation.
+/// XLA's intra-op pool, for one handler invocation. The thread count is asked for only when
+/// a kernel actually splits its work (most tiny calls never do).
 pub struct XlaPool {
     api: *const sys::XLA_FFI_Api,
     ctx: *mut sys::XLA_FFI_ExecutionContext,
-    threads: usize,
+    /// XLA's thread count; 0 when XLA reports none (then kernel-core's default pool runs
+    /// the tasks).
+    threads: std::sync::OnceLock<usize>,
 }
 
 // The api table and execution context are valid, and thread-safe to use, for the duration of
@@ -28,8 +31,8 @@ unsafe impl Sync for XlaPool {}
 unsafe impl Send for XlaPool {}
 
 impl XlaPool {
-    /// The pool XLA offers this call, or `None` when it offers none (then the adapter uses
-    /// kernel-core's default pool).
+    /// The pool XLA offers this call, or `None` when its API has no thread pool (then the
+    /// adapter uses kernel-core's default pool).
     ///
     /// # Safety
     /// `api` and `ctx` come from the current call frame, which outlives the pool.
@@ -41,29 +44,35 @@ impl XlaPool {
             return None;
         }
         let a = unsafe { &*api };
-        let (num_threads_fn, _schedule) = (
-            a.XLA_FFI_ThreadPool_NumThreads?,
-            a.XLA_FFI_ThreadPool_Schedule?,
-        );
-        let mut n: i64 = 0;
-        let mut args = sys::XLA_FFI_ThreadPool_NumThreads_Args {
-            struct_size: sys::XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE as usize,
-            extension_start: std::ptr::null_mut(),
-            ctx,
-            num_threads: &mut n,
-        };
-        let err = unsafe { num_threads_fn(&mut args) };
-        if !err.is_null() {
-            unsafe { crate::handler::destroy_error(api, err) };
-            return None;
-        }
-        if n <= 0 {
-            return None;
-        }
+        a.XLA_FFI_ThreadPool_NumThreads?;
+        a.XLA_FFI_ThreadPool_Schedule?;
         Some(XlaPool {
             api,
             ctx,
-            threads: n as usize,
+            threads: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn threads(&self) -> usize {
+        *self.threads.get_or_init(|| {
+            // SAFETY: checked present in `from_call`; api/ctx valid for the call.
+            let Some(num_threads_fn) = (unsafe { (*self.api).XLA_FFI_ThreadPool_NumThreads })
+            else {
+                return 0;
+            };
+            let mut n: i64 = 0;
+            let mut args = sys::XLA_FFI_ThreadPool_NumThreads_Args {
+                struct_size: sys::XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE as usize,
+                extension_start: std::ptr::null_mut(),
+                ctx: self.ctx,
+                num_threads: &mut n,
+            };
+            let err = unsafe { num_threads_fn(&mut args) };
+            if !err.is_null() {
+                unsafe { crate::handler::destroy_error(self.api, err) };
+                return 0;
+            }
+            n.max(0) as usize
         })
     }
 }
@@ -115,7 +124,15 @@ unsafe extern "C" fn task_entry(data: *mut std::ffi::c_void) {
 
 impl ThreadPool for XlaPool {
     fn run(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        if num_tasks <= 1 || self.threads <= 1 {
+        if num_tasks <= 1 {
+            (0..num_tasks).for_each(f);
+            return;
+        }
+        let threads = self.threads();
+        if threads == 0 {
+            return kernel_core::default_pool().run(num_tasks, f);
+        }
+        if threads == 1 {
             (0..num_tasks).for_each(f);
             return;
         }
@@ -134,7 +151,7 @@ impl ThreadPool for XlaPool {
         });
         let schedule = unsafe { (*self.api).XLA_FFI_ThreadPool_Schedule };
         if let Some(schedule) = schedule {
-            let helpers = (num_tasks - 1).min(self.threads);
+            let helpers = (num_tasks - 1).min(threads);
             for _ in 0..helpers {
                 let data = Box::into_raw(Box::new(shared.clone())) as *mut std::ffi::c_void;
                 let mut args = sys::XLA_FFI_ThreadPool_Schedule_Args {
@@ -172,6 +189,9 @@ impl ThreadPool for XlaPool {
         }
     }
     fn num_threads(&self) -> usize {
-        self.threads
+        match self.threads() {
+            0 => kernel_core::default_pool().num_threads(),
+            n => n,
+        }
     }
 }

@@ -380,3 +380,68 @@ fn nonzero_refused_cleanly() {
     .unwrap();
     assert!(e.1.starts_with("polyop.nonzero:"), "{}", e.1);
 }
+
+/// Exported handlers remember bound attributes and inferred shapes per call site: calls that
+/// alternate attribute values, attribute sets and shapes must each see their own.
+#[test]
+fn cached_call_sites_keep_attributes_and_shapes_apart() {
+    let api = fake_api(polyop_xla::API_MAJOR, polyop_xla::API_MINOR);
+    let mut x = [3.0f32, 1.0, 2.0, 5.0, 4.0, 0.0];
+    for round in 0..3 {
+        // `largest` arrives as an int 0/1 here; binding coerces it to bool.
+        for (k, largest, shape) in [(1i64, 1i64, [6i64]), (2, 1, [6]), (2, 0, [6]), (1, 0, [6])] {
+            let mut v = [0.0f32; 2];
+            let mut i = [0i64; 2];
+            let e = call(
+                xla_handlers::topk,
+                &api,
+                &mut [buffer(F32, &shape, x.as_mut_ptr() as _)],
+                &mut [
+                    buffer(F32, &[k], v.as_mut_ptr() as _),
+                    buffer(S64, &[k], i.as_mut_ptr() as _),
+                ],
+                &[("k", Attr::I64(k)), ("largest", Attr::I64(largest))],
+            );
+            assert!(e.is_none(), "round {round} k={k} largest={largest}: {e:?}");
+            let want: &[f32] = match (k, largest) {
+                (1, 1) => &[5.0],
+                (2, 1) => &[5.0, 4.0],
+                (2, 0) => &[0.0, 1.0],
+                _ => &[0.0],
+            };
+            assert_eq!(
+                &v[..k as usize],
+                want,
+                "round {round} k={k} largest={largest}"
+            );
+        }
+        // Same attributes, a different input shape: result shape follows the input.
+        let mut v = [0.0f32; 2];
+        let mut i = [0i64; 2];
+        let e = call(
+            xla_handlers::topk,
+            &api,
+            &mut [buffer(F32, &[2, 3], x.as_mut_ptr() as _)],
+            &mut [
+                buffer(F32, &[2, 1], v.as_mut_ptr() as _),
+                buffer(S64, &[2, 1], i.as_mut_ptr() as _),
+            ],
+            &[("k", Attr::I64(1)), ("largest", Attr::I64(1))],
+        );
+        assert!(e.is_none(), "{e:?}");
+        assert_eq!(v, [3.0, 5.0]);
+        // A bad attribute value is reported every time (errors are not cached).
+        let e = call(
+            xla_handlers::topk,
+            &api,
+            &mut [buffer(F32, &[6], x.as_mut_ptr() as _)],
+            &mut [
+                buffer(F32, &[1], v.as_mut_ptr() as _),
+                buffer(S64, &[1], i.as_mut_ptr() as _),
+            ],
+            &[("k", Attr::I64(1)), ("largest", Attr::I64(7))],
+        )
+        .unwrap();
+        assert!(e.1.contains("`largest` must be bool"), "{}", e.1);
+    }
+}
