@@ -5,13 +5,12 @@
 
 use crate::ffi::{self, AtenTensorHandle, StableIValue};
 use crate::pool::TorchPool;
+use kernel_core::op::{InferCache, OutSpec};
 use kernel_core::schema::ArgType;
 use kernel_core::{
-    AttrValue, DType, Error, KernelCtx, OpDef, OutputAllocator, Result, TensorMut, TensorRef,
-    TensorSpec,
+    AttrValue, Attrs, DType, Error, KernelCtx, OpDef, OutputAllocator, Result, TensorMut, TensorRef,
 };
-use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// An owning tensor handle, deleted on drop.
 pub(crate) struct Tensor(AtenTensorHandle);
@@ -113,17 +112,14 @@ fn code_from_dtype(d: DType) -> i32 {
         .expect("every DType has a torch code")
 }
 
-/// Metadata of one input tensor.
-struct Info {
-    dtype: DType,
+/// One input tensor: its device and a view of it.
+struct Info<'a> {
     device_type: i32,
     device_index: i32,
-    shape: Vec<usize>,
-    strides: Vec<isize>,
-    ptr: *mut c_void,
+    view: TensorRef<'a>,
 }
 
-fn info(op: &OpDef, name: &str, t: &Tensor) -> Result<Info> {
+fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>> {
     let h = t.0;
     let (mut dim, mut sizes, mut strides) = (0i64, std::ptr::null_mut(), std::ptr::null_mut());
     let (mut dt, mut dev, mut idx) = (0i32, 0i32, 0i32);
@@ -192,21 +188,35 @@ fn info(op: &OpDef, name: &str, t: &Tensor) -> Result<Info> {
         )?;
     }
     Ok(Info {
-        dtype,
         device_type: dev,
         device_index: idx,
-        shape,
-        strides,
-        ptr,
+        // SAFETY: the handle `t` keeps the storage alive while the view is used; torch strides
+        // are in elements; meta tensors carry no data and are never read.
+        view: unsafe { TensorRef::from_raw(dtype, shape, strides, ptr as *const u8) },
     })
 }
 
 fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result<Tensor> {
-    let sizes: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
-    let strides: Vec<i64> = kernel_core::contiguous_strides(shape)
-        .into_iter()
-        .map(|s| s as i64)
-        .collect();
+    // Sizes and contiguous strides on the stack for the usual ranks (this runs every call).
+    const SMALL: usize = 8;
+    let (mut sz, mut st) = ([0i64; SMALL], [0i64; SMALL]);
+    let (heap_sz, heap_st): (Vec<i64>, Vec<i64>);
+    let (sizes, strides): (&[i64], &[i64]) = if shape.len() <= SMALL {
+        let mut acc = 1i64;
+        for (i, &d) in shape.iter().enumerate().rev() {
+            sz[i] = d as i64;
+            st[i] = acc;
+            acc *= (d as i64).max(1);
+        }
+        (&sz[..shape.len()], &st[..shape.len()])
+    } else {
+        heap_sz = shape.iter().map(|&s| s as i64).collect();
+        heap_st = kernel_core::contiguous_strides(shape)
+            .into_iter()
+            .map(|s| s as i64)
+            .collect();
+        (&heap_sz, &heap_st)
+    };
     let mut h = std::ptr::null_mut();
     // SAFETY: arrays of length ndim; out-parameter.
     check(
@@ -364,14 +374,83 @@ impl<'a> OutputAllocator<'a> for TorchAllocator {
     }
 }
 
+/// Per registered op: which outputs alias an input (`Tensor(a!)` returns), and the attribute
+/// sets seen recently, each bound once and with its own shape-inference cache, so that a
+/// repeated call skips binding and inference.
+pub(crate) struct OpState {
+    pub op: &'static OpDef,
+    alias_of: Vec<Option<usize>>,
+    sites: Mutex<Vec<Arc<AttrSite>>>,
+}
+
+/// Attribute sets remembered per op (oldest dropped first).
+const ATTR_SITES: usize = 16;
+
+struct AttrSite {
+    /// The attribute values as they came off the stack (schema order, every attribute).
+    given: Vec<AttrValue>,
+    attrs: Attrs,
+    infer: InferCache,
+}
+
+impl OpState {
+    pub(crate) fn new(op: &'static OpDef) -> Self {
+        let alias_of = op
+            .schema
+            .returns
+            .iter()
+            .map(|r| {
+                r.alias.as_ref().and_then(|al| {
+                    op.schema
+                        .tensor_args()
+                        .position(|a| a.alias.as_ref().is_some_and(|b| b.set == al.set))
+                })
+            })
+            .collect();
+        OpState {
+            op,
+            alias_of,
+            sites: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The bound attributes for these stack values (bound on first sight).
+    fn site(&self, given: Vec<(&'static str, AttrValue)>) -> Result<Arc<AttrSite>> {
+        let lock = || self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let sites = lock();
+            if let Some(site) = sites.iter().find(|s| {
+                s.given.len() == given.len()
+                    && s.given.iter().zip(&given).all(|(a, (_, b))| a.same_as(b))
+            }) {
+                return Ok(site.clone());
+            }
+        }
+        let values: Vec<AttrValue> = given.iter().map(|(_, v)| v.clone()).collect();
+        let attrs = self.op.bind_attrs(given)?;
+        let site = Arc::new(AttrSite {
+            given: values,
+            attrs,
+            infer: InferCache::new(),
+        });
+        let mut sites = lock();
+        if sites.len() >= ATTR_SITES {
+            sites.remove(0);
+        }
+        sites.push(site.clone());
+        Ok(site)
+    }
+}
+
 /// Run `op` on a boxed stack. On success the first `num_outputs` stack entries hold owning
 /// output handles; on error nothing was written and every input has been released.
 pub(crate) fn call(
-    op: &'static OpDef,
+    st: &OpState,
     stack: *mut StableIValue,
     num_args: u64,
     num_outputs: u64,
 ) -> Result<()> {
+    let op = st.op;
     if num_args as usize != op.schema.args.len() || num_outputs as usize != op.num_outputs() {
         // Cannot happen for a schema we registered; refuse rather than guess the stack.
         return Err(Error::internal(format!(
@@ -381,26 +460,34 @@ pub(crate) fn call(
         .in_op(op.name));
     }
     let (inputs, attr_values) = decode(op, stack)?;
-    let attrs = op.bind_attrs(attr_values)?;
-    let names: Vec<&str> = op.schema.tensor_args().map(|a| a.name.as_str()).collect();
+    let site = st.site(attr_values)?;
+    let attrs = &site.attrs;
 
     let mut infos: Vec<Option<Info>> = Vec::with_capacity(inputs.len());
-    for (t, name) in inputs.iter().zip(&names) {
+    for (t, arg) in inputs.iter().zip(op.schema.tensor_args()) {
         infos.push(match t {
-            Some(t) => Some(info(op, name, t)?),
+            Some(t) => Some(info(op, &arg.name, t)?),
             None => None,
         });
     }
-    let mut device: Option<(i32, i32, &str)> = None;
-    for (i, name) in infos.iter().zip(&names) {
+    let mut device: Option<(i32, i32, usize)> = None;
+    for (k, i) in infos.iter().enumerate() {
         let Some(i) = i else { continue };
         match device {
-            None => device = Some((i.device_type, i.device_index, name)),
+            None => device = Some((i.device_type, i.device_index, k)),
             Some((t, _, first)) if t != i.device_type => {
+                let name = |j: usize| {
+                    op.schema
+                        .tensor_args()
+                        .nth(j)
+                        .map_or(String::new(), |a| a.name.clone())
+                };
                 return Err(Error::invalid(format!(
-                    "inputs `{first}` and `{name}` are on different devices"
+                    "inputs `{}` and `{}` are on different devices",
+                    name(first),
+                    name(k)
                 ))
-                .in_op(op.name))
+                .in_op(op.name));
             }
             _ => {}
         }
@@ -411,40 +498,11 @@ pub(crate) fn call(
     let device = (dev_type, dev_index);
     let is_meta = dev_type == codes().meta;
 
-    let refs: Vec<Option<TensorRef<'_>>> = infos
-        .iter()
-        .map(|i| {
-            i.as_ref().map(|i| {
-                // SAFETY: the handle in `inputs` keeps the storage alive for this call; torch
-                // strides are in elements; meta tensors carry no data and are never read.
-                unsafe {
-                    TensorRef::from_raw(
-                        i.dtype,
-                        i.shape.clone(),
-                        i.strides.clone(),
-                        i.ptr as *const u8,
-                    )
-                }
-            })
-        })
-        .collect();
+    let refs: Vec<Option<TensorRef<'_>>> = infos.into_iter().map(|i| i.map(|i| i.view)).collect();
 
     // Validate everything (dtypes, shapes, attributes) before allocating or computing.
-    let specs: Vec<TensorSpec> = op.infer_concrete(&refs, &attrs)?;
-
-    // Outputs that alias an input (`Tensor(a!)` returns): index of that tensor input.
-    let alias_of: Vec<Option<usize>> = op
-        .schema
-        .returns
-        .iter()
-        .map(|r| {
-            r.alias.as_ref().and_then(|al| {
-                op.schema
-                    .tensor_args()
-                    .position(|a| a.alias.as_ref().is_some_and(|b| b.set == al.set))
-            })
-        })
-        .collect();
+    let specs = op.infer_concrete_cached(&site.infer, &refs, attrs)?;
+    let alias_of = &st.alias_of;
 
     let outputs: Vec<Tensor> = if is_meta {
         if op.flags.data_dependent_shape {
@@ -457,10 +515,10 @@ pub(crate) fn call(
             .in_op(op.name));
         }
         let mut outs = Vec::with_capacity(specs.len());
-        for (spec, alias) in specs.iter().zip(&alias_of) {
+        for (spec, alias) in specs.iter().zip(alias_of) {
             outs.push(match alias {
                 Some(i) => input_handle(&inputs, *i)?.share()?,
-                None => empty(spec.dtype, &concrete(op, spec)?, device)?,
+                None => empty(spec.dtype, concrete(op, spec)?, device)?,
             });
         }
         outs
@@ -473,7 +531,7 @@ pub(crate) fn call(
             let mut none: [TensorMut; 0] = [];
             let pool = TorchPool;
             let mut ctx =
-                KernelCtx::new(op, &refs, &mut none, &attrs, &pool).with_allocator(&mut alloc);
+                KernelCtx::new(op, &refs, &mut none, attrs, &pool).with_allocator(&mut alloc);
             op.compute(&mut ctx)?;
         }
         alloc
@@ -487,38 +545,40 @@ pub(crate) fn call(
             })
             .collect::<Result<_>>()?
     } else {
+        let pool = TorchPool;
         let mut outs = Vec::with_capacity(specs.len());
-        for spec in &specs {
-            outs.push(empty(spec.dtype, &concrete(op, spec)?, device)?);
+        let mut views = Vec::with_capacity(specs.len());
+        for spec in specs.iter() {
+            let shape = concrete(op, spec)?;
+            let t = empty(spec.dtype, shape, device)?;
+            // SAFETY: a fresh contiguous tensor, exclusively ours during the kernel.
+            views.push(unsafe { TensorMut::from_raw_contiguous(spec.dtype, shape, data_ptr(&t)?) });
+            outs.push(t);
         }
         {
-            let mut views = Vec::with_capacity(outs.len());
-            for (t, spec) in outs.iter().zip(&specs) {
-                let shape = concrete(op, spec)?;
-                // SAFETY: fresh contiguous tensors, exclusively ours during the kernel.
-                views.push(unsafe {
-                    TensorMut::from_raw_contiguous(spec.dtype, &shape, data_ptr(t)?)
-                });
-            }
-            let pool = TorchPool;
-            let mut ctx = KernelCtx::new(op, &refs, &mut views, &attrs, &pool);
+            let mut ctx = KernelCtx::new(op, &refs, &mut views, attrs, &pool);
             op.compute(&mut ctx)?;
         }
-        // In-place results: the kernel wrote out of place; copy into the aliased input (only
-        // now, so a failed kernel leaves the input untouched) and return that input.
-        let mut final_outs = Vec::with_capacity(outs.len());
-        for (t, alias) in outs.into_iter().zip(&alias_of) {
-            final_outs.push(match alias {
-                Some(i) => {
-                    let dst = input_handle(&inputs, *i)?;
-                    // SAFETY: both handles are valid; same shape and dtype by inference.
-                    check(unsafe { ffi::aoti_torch_copy_(dst.0, t.0, 0) }, "copy_")?;
-                    dst.share()?
-                }
-                None => t,
-            });
+        drop(views);
+        if alias_of.iter().all(Option::is_none) {
+            outs
+        } else {
+            // In-place results: the kernel wrote out of place; copy into the aliased input
+            // (only now, so a failed kernel leaves the input untouched) and return that input.
+            let mut final_outs = Vec::with_capacity(outs.len());
+            for (t, alias) in outs.into_iter().zip(alias_of) {
+                final_outs.push(match alias {
+                    Some(i) => {
+                        let dst = input_handle(&inputs, *i)?;
+                        // SAFETY: both handles are valid; same shape and dtype by inference.
+                        check(unsafe { ffi::aoti_torch_copy_(dst.0, t.0, 0) }, "copy_")?;
+                        dst.share()?
+                    }
+                    None => t,
+                });
+            }
+            final_outs
         }
-        final_outs
     };
 
     drop(refs);
@@ -537,8 +597,8 @@ fn input_handle(inputs: &[Option<Tensor>], i: usize) -> Result<&Tensor> {
         .ok_or_else(|| Error::internal(format!("aliased input {i} is absent")))
 }
 
-fn concrete(op: &OpDef, spec: &TensorSpec) -> Result<Vec<usize>> {
-    spec.concrete().ok_or_else(|| {
+fn concrete<'s>(op: &OpDef, spec: &'s OutSpec) -> Result<&'s [usize]> {
+    spec.shape.as_deref().ok_or_else(|| {
         Error::internal("shape inference left a dimension unknown for concrete inputs")
             .in_op(op.name)
     })

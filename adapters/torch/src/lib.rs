@@ -24,12 +24,13 @@ mod pool;
 
 pub use pool::TorchPool;
 
-use kernel_core::{catch_panic, Error, OpDef, Registry};
+use kernel_core::{catch_panic, Error, Registry};
 use std::ffi::{c_char, CString};
 use std::sync::RwLock;
 
-/// The ops registered so far; a trampoline slot is an index into this table.
-static SLOTS: RwLock<Vec<&'static OpDef>> = RwLock::new(Vec::new());
+/// The ops registered so far, with their per-op call state (leaked: registered ops live as
+/// long as the process); a trampoline slot is an index into this table.
+static SLOTS: RwLock<Vec<&'static call::OpState>> = RwLock::new(Vec::new());
 
 /// How the namespace is opened: `Def` claims it (`STABLE_TORCH_LIBRARY`), `Fragment` adds to
 /// a namespace that may be defined elsewhere (`STABLE_TORCH_LIBRARY_FRAGMENT`).
@@ -161,7 +162,7 @@ pub fn register_registry(
                      cxx/trampoline.cpp)"
                 ));
             }
-            slots.push(op);
+            slots.push(Box::leak(Box::new(call::OpState::new(op))));
             (slots.len() - 1) as u32
         };
         // SAFETY: slot < num_slots.
@@ -201,7 +202,7 @@ pub unsafe extern "C" fn polyop_torch_boxed_call(
         slots.get(slot as usize).copied()
     };
     let result = match op {
-        Some(op) => catch_panic(op.name, || call::call(op, stack, num_args, num_outputs)),
+        Some(st) => catch_panic(st.op.name, || call::call(st, stack, num_args, num_outputs)),
         None => Err(Error::internal(format!("no op registered in slot {slot}"))),
     };
     match result {

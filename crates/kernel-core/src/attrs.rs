@@ -26,6 +26,16 @@ impl AttrValue {
             AttrValue::FloatList(_) => "float[]",
         }
     }
+    /// Equality with floats compared bit for bit (see [`Attrs::same_as`]).
+    pub fn same_as(&self, other: &AttrValue) -> bool {
+        match (self, other) {
+            (AttrValue::Float(a), AttrValue::Float(b)) => a.to_bits() == b.to_bits(),
+            (AttrValue::FloatList(a), AttrValue::FloatList(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (a, b) => a == b,
+        }
+    }
     /// How the value is written in a schema default.
     pub fn schema_literal(&self) -> String {
         match self {
@@ -108,6 +118,16 @@ impl Attrs {
         Ok(Attrs { values })
     }
 
+    /// Equal names and values, floats compared bit for bit (so `-0.0` and `0.0` differ and a
+    /// NaN equals itself): the equality under which cached results may be reused.
+    pub fn same_as(&self, other: &Attrs) -> bool {
+        self.values.len() == other.values.len()
+            && self
+                .values
+                .iter()
+                .zip(&other.values)
+                .all(|((n, a), (m, b))| n == m && a.same_as(b))
+    }
     pub fn iter(&self) -> impl Iterator<Item = (&str, &AttrValue)> {
         self.values.iter().map(|(n, v)| (n.as_str(), v))
     }
@@ -211,6 +231,26 @@ mod tests {
         let s = Schema::parse("scale(Tensor x, float alpha) -> Tensor").unwrap();
         let a = Attrs::bind(&s, [("alpha", AttrValue::Int(3))]).unwrap();
         assert_eq!(a.float("alpha").unwrap(), 3.0);
+    }
+
+    #[test]
+    fn same_as_compares_floats_bitwise() {
+        let s = Schema::parse("scale(Tensor x, float alpha, float[] w=[]) -> Tensor").unwrap();
+        let b = |a: f64, w: Vec<f64>| {
+            Attrs::bind(
+                &s,
+                [
+                    ("alpha", AttrValue::Float(a)),
+                    ("w", AttrValue::FloatList(w)),
+                ],
+            )
+            .unwrap()
+        };
+        assert!(b(1.5, vec![2.0]).same_as(&b(1.5, vec![2.0])));
+        assert!(!b(0.0, vec![]).same_as(&b(-0.0, vec![])));
+        assert!(!b(1.0, vec![0.0]).same_as(&b(1.0, vec![-0.0])));
+        assert!(b(f64::NAN, vec![]).same_as(&b(f64::NAN, vec![])));
+        assert!(!b(1.0, vec![]).same_as(&b(2.0, vec![])));
     }
 
     #[test]

@@ -497,7 +497,7 @@ impl OpDef {
         if let Some(entries) = cache.lock() {
             if let Some(e) = entries
                 .iter()
-                .find(|e| key_matches(&e.key, inputs) && e.attrs == *attrs)
+                .find(|e| key_matches(&e.key, inputs) && e.attrs.same_as(attrs))
             {
                 return Ok(e.out.clone());
             }
