@@ -5,6 +5,7 @@
 use crate::ffi::*;
 use crate::opdef::count_attr;
 use crate::shape::{dtype_from_tf, dtype_to_tf};
+use kernel_core::op::InferCache;
 use kernel_core::{
     catch_panic, contiguous_strides, default_pool, numel, ArgType, AttrValue, Attrs, DType, Error,
     ErrorKind, KernelCtx, OpDef, OutputAllocator, Result, TensorMut, TensorRef,
@@ -18,6 +19,8 @@ pub struct KernelState {
     pub attrs: Attrs,
     /// Per tensor argument: present (optional lists have length 1) or absent.
     pub present: Vec<bool>,
+    /// Output shapes inferred for recent input shapes (a repeated call skips inference).
+    pub cache: InferCache,
 }
 
 pub fn status_code(kind: ErrorKind) -> TF_Code {
@@ -154,7 +157,12 @@ pub unsafe fn read_attrs(
             present.push(true);
         }
     }
-    Ok(KernelState { op, attrs, present })
+    Ok(KernelState {
+        op,
+        attrs,
+        present,
+        cache: InferCache::new(),
+    })
 }
 
 /// Owned `TF_Tensor*` handles, deleted on drop (the tensors stay alive in the context).
@@ -189,7 +197,18 @@ unsafe fn allocate(
     dtype: DType,
     shape: &[usize],
 ) -> Result<TensorMut<'static>> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    // Dims on the stack for the usual ranks (this runs on every call).
+    let mut small = [0i64; 8];
+    let heap: Vec<i64>;
+    let dims: &[i64] = if shape.len() <= small.len() {
+        for (d, &s) in small.iter_mut().zip(shape) {
+            *d = s as i64;
+        }
+        &small[..shape.len()]
+    } else {
+        heap = shape.iter().map(|&d| d as i64).collect();
+        &heap
+    };
     let st = Status::new();
     let t = unsafe {
         TF_AllocateOutput(
@@ -244,8 +263,8 @@ pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<
         )));
     }
     let mut ins = Tensors(Vec::with_capacity(n));
+    let s = Status::new();
     for i in 0..n {
-        let s = Status::new();
         let mut t: *mut TF_Tensor = std::ptr::null_mut();
         unsafe { TF_GetInput(ctx, i as i32, &mut t, s.0) };
         if !s.ok() || t.is_null() {
@@ -266,7 +285,7 @@ pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<
             views.push(None);
         }
     }
-    let specs = op.infer_concrete(&views, &st.attrs)?;
+    let specs = op.infer_concrete_cached(&st.cache, &views, &st.attrs)?;
     let pool = default_pool();
     let mut outs = Tensors(Vec::new());
     if op.flags.data_dependent_shape {
@@ -291,9 +310,10 @@ pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<
     let mut out_views = Vec::with_capacity(specs.len());
     for (i, s) in specs.iter().enumerate() {
         let shape = s
-            .concrete()
+            .shape
+            .as_deref()
             .ok_or_else(|| Error::internal("shape inference left a dim unknown"))?;
-        out_views.push(unsafe { allocate(ctx, &mut outs, i, s.dtype, &shape)? });
+        out_views.push(unsafe { allocate(ctx, &mut outs, i, s.dtype, shape)? });
     }
     let mut kctx = KernelCtx::new(op, &views, &mut out_views, &st.attrs, pool);
     op.compute(&mut kctx)
