@@ -107,6 +107,9 @@ def write_markdown(results, versions, extra, copy_gbps, size, path: Path, plots:
                 row += f" {c * 1e6:.1f} us | {r.polyop_s / c:.2f} |" if c else " | |"
             lines.append(row)
         lines.append("")
+    analysis = HERE / "analysis.md"  # hand-written reading of the numbers, kept across re-runs
+    if analysis.exists():
+        lines += [analysis.read_text()]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -162,6 +165,8 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="small sizes and very short timings: checks the harness (CI)")
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     ap.add_argument("--out", help="markdown output (default docs/benchmarks.md for a full run, none for --quick)")
+    ap.add_argument("--save", help="also save the raw results as JSON here")
+    ap.add_argument("--merge", nargs="+", help="render docs from saved JSON files (no measuring)")
     ap.add_argument("--child")
     ap.add_argument("--size")
     ap.add_argument("--json")
@@ -172,8 +177,32 @@ def main() -> int:
     if args.smoke:
         os.environ["POLYOP_BENCH_SMOKE"] = "1"  # inherited by the per-framework subprocesses
     size = "quick" if (args.quick or args.smoke) else "full"
-    results, versions, extra = collect(args.frameworks.split(","), size)
-    copy_gbps = copy_bandwidth()
+    if args.merge:
+        # Frameworks measured in separate invocations, rendered as one report.
+        results, versions, extra, copy_gbps = [], {}, {"failures": {}}, 0.0
+        for f in args.merge:
+            d = json.loads(Path(f).read_text())
+            results += [Result(**r) for r in d["results"]]
+            versions.update(d["versions"])
+            extra.update({k: v for k, v in d["extra"].items() if k != "failures"})
+            extra["failures"].update(d["extra"].get("failures", {}))
+            copy_gbps = max(copy_gbps, d["copy_gbps"])
+            size = d["size"]
+    else:
+        results, versions, extra = collect(args.frameworks.split(","), size)
+        copy_gbps = copy_bandwidth()
+    if args.save:
+        Path(args.save).write_text(
+            json.dumps(
+                {
+                    "results": [dataclasses.asdict(r) for r in results],
+                    "versions": versions,
+                    "extra": extra,
+                    "copy_gbps": copy_gbps,
+                    "size": size,
+                }
+            )
+        )
     out = args.out or (None if (args.quick or args.smoke) else str(ROOT / "docs" / "benchmarks.md"))
     for r in results:
         print(f"{r.framework:12s} {r.op:9s} {r.kind:10s} {r.label:24s} ratio {r.ratio:5.2f}")
