@@ -97,7 +97,7 @@ def write_markdown(results, versions, extra, copy_gbps, size, path: Path, plots:
         head = "| op | kind | input | polyop | built-in | baseline | ratio |"
         sep = "|---|---|---|---|---|---|---|"
         if fw == "torch":
-            head = head[:-1] + " torch.library.custom_op | polyop / custom_op time |"
+            head += " torch.library.custom_op | polyop / custom_op time |"
             sep += "---|---|"
         lines += [head, sep]
         for r in rows:
@@ -134,7 +134,8 @@ def plot(results, outdir: Path) -> list[str]:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ops))])
         ax.set_xticklabels(ops, rotation=45, ha="right")
         ax.set_title(f"{kind}: polyop / built-in (higher is better)")
-        ax.set_ylabel("ratio")
+        ax.set_yscale("log")  # ratios: 0.5x and 2x sit symmetrically around parity
+        ax.set_ylabel("ratio (log scale)")
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(outdir / "bench_ratios.png", dpi=90)
