@@ -410,6 +410,19 @@ def test_runtime_errors_from_the_handler():
     assert pj.negate(x).shape == (2, 3)
 
 
+def test_float32_attribute_reaches_the_kernel_as_the_decimal_written():
+    """A float attribute passed as float32 (SPEC §1 allows it) is widened like ONNX Runtime and
+    TensorFlow widen theirs: eps=np.float32(1e-6) means 1e-6, so the result is bitwise that of
+    polyop.run(..., eps=1e-6). With x ~ 1e-3 the eps term is large enough that the plain f32->f64
+    cast (9.99999997e-7) changes float64 bits."""
+    pj.load()
+    x = np.random.default_rng(7).standard_normal((4, 16)) * 1e-3
+    want = polyop.run("rms_norm", x, None, eps=1e-6)
+    for eps in (np.float32(1e-6), np.float64(1e-6)):
+        got = jax.ffi.ffi_call("polyop_rms_norm", jax.ShapeDtypeStruct(x.shape, jnp.float64))(jnp.asarray(x), eps=eps)
+        assert np.array_equal(np.asarray(got), want), eps
+
+
 def test_nonzero_refused_at_trace_time():
     for run in (lambda: pj.nonzero(f32(3)), lambda: jax.jit(pj.nonzero)(f32(3)),
                 lambda: jax.eval_shape(pj.nonzero, f32(3))):

@@ -129,14 +129,6 @@ fn string_from_buf(mut buf: Vec<u8>) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// Convert a float32 attribute to the f64 the user most likely meant: the shortest decimal that
-/// round-trips the f32 (`1e-6f32` -> `1e-6f64`, not `9.99999997e-7`). ONNX stores float
-/// attributes as float32 only, while polyop attributes are f64; this keeps results bitwise
-/// identical to `polyop.run(..., eps=1e-6)`.
-pub fn f32_attr_to_f64(v: f32) -> f64 {
-    format!("{v}").parse::<f64>().unwrap_or(v as f64)
-}
-
 impl Api {
     /// Turn a status into a result, releasing it.
     pub fn check(&self, st: OrtStatusPtr) -> Result<()> {

@@ -4,7 +4,8 @@
 //! kernel-core's `OpDef::bind_attrs`; ONNX has no bool, so a bool arrives as INT 0/1 and
 //! `bind_attrs` coerces it.
 
-use crate::api::{f32_attr_to_f64, Api};
+use crate::api::Api;
+use kernel_core::widen_f32_attr;
 use kernel_core::{ArgType, AttrValue, Attrs, OpDef, Result};
 use ort_sys::{OrtKernelInfo, OrtOpAttrType as A, OrtShapeInferContext};
 use std::ffi::CString;
@@ -23,7 +24,7 @@ pub unsafe fn from_kernel_info(api: Api, op: &OpDef, info: *const OrtKernelInfo)
         let n = cname(&arg.name);
         let int = || unsafe { api.info_int(info, &n) }.map(AttrValue::Int);
         let float =
-            || unsafe { api.info_float(info, &n) }.map(|f| AttrValue::Float(f32_attr_to_f64(f)));
+            || unsafe { api.info_float(info, &n) }.map(|f| AttrValue::Float(widen_f32_attr(f)));
         let string = || unsafe { api.info_string(info, &n) }.map(AttrValue::Str);
         // Try the declared type first, then the others so a wrong-typed attribute reaches
         // bind_attrs (and its "must be int, got float" error) instead of being ignored.
@@ -32,7 +33,7 @@ pub unsafe fn from_kernel_info(api: Api, op: &OpDef, info: *const OrtKernelInfo)
             ArgType::Str => string().or_else(int).or_else(float),
             ArgType::IntList => unsafe { api.info_ints(info, &n) }.map(AttrValue::IntList),
             ArgType::FloatList => unsafe { api.info_floats(info, &n) }
-                .map(|v| AttrValue::FloatList(v.into_iter().map(f32_attr_to_f64).collect())),
+                .map(|v| AttrValue::FloatList(v.into_iter().map(widen_f32_attr).collect())),
             _ => int().or_else(float).or_else(string),
         };
         if let Some(v) = v {
@@ -64,9 +65,7 @@ pub unsafe fn from_shape_ctx(
         };
         let float = || {
             unsafe { api.read_attr_scalar(a, A::ORT_OP_ATTR_FLOAT) }.map(|b| {
-                AttrValue::Float(f32_attr_to_f64(f32::from_ne_bytes([
-                    b[0], b[1], b[2], b[3],
-                ])))
+                AttrValue::Float(widen_f32_attr(f32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
             })
         };
         // ReadOpAttr(STRING) succeeds on any attribute (an int attribute reads as ""), so
@@ -93,7 +92,7 @@ pub unsafe fn from_shape_ctx(
                     AttrValue::FloatList(
                         b.chunks_exact(4)
                             .map(|c| {
-                                f32_attr_to_f64(f32::from_ne_bytes(c.try_into().expect("4 bytes")))
+                                widen_f32_attr(f32::from_ne_bytes(c.try_into().expect("4 bytes")))
                             })
                             .collect(),
                     )

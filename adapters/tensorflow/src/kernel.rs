@@ -7,8 +7,9 @@ use crate::opdef::count_attr;
 use crate::shape::{dtype_from_tf, dtype_to_tf};
 use kernel_core::op::InferCache;
 use kernel_core::{
-    catch_panic, contiguous_strides, default_pool, numel, ArgType, AttrValue, Attrs, DType, Error,
-    ErrorKind, KernelCtx, OpDef, OutputAllocator, Result, TensorMut, TensorRef,
+    catch_panic, contiguous_strides, default_pool, numel, widen_f32_attr, ArgType, AttrValue,
+    Attrs, DType, Error, ErrorKind, KernelCtx, OpDef, OutputAllocator, Result, TensorMut,
+    TensorRef,
 };
 use std::ffi::CString;
 use std::os::raw::{c_char, c_void};
@@ -29,13 +30,6 @@ pub fn status_code(kind: ErrorKind) -> TF_Code {
         ErrorKind::Unsupported => TF_UNIMPLEMENTED,
         ErrorKind::Internal => TF_INTERNAL,
     }
-}
-
-/// TF float attributes are float32; widen through the shortest decimal that round-trips, so an
-/// attribute written `1e-6` in Python reaches the kernel as the f64 `1e-6` (as in every other
-/// framework) rather than `9.99999997e-07`.
-pub fn widen_f32(v: f32) -> f64 {
-    format!("{v}").parse::<f64>().unwrap_or(v as f64)
 }
 
 unsafe fn attr_error(what: &str, name: &str, st: &Status) -> Error {
@@ -63,7 +57,7 @@ pub unsafe fn read_attrs(
             ArgType::Float => {
                 let mut v = 0f32;
                 unsafe { TF_OpKernelConstruction_GetAttrFloat(ctx, name.as_ptr(), &mut v, st.0) };
-                AttrValue::Float(widen_f32(v))
+                AttrValue::Float(widen_f32_attr(v))
             }
             ArgType::Bool => {
                 let mut v: TF_Bool = 0;
@@ -123,7 +117,7 @@ pub unsafe fn read_attrs(
                                 st.0,
                             )
                         };
-                        AttrValue::FloatList(buf.into_iter().map(widen_f32).collect())
+                        AttrValue::FloatList(buf.into_iter().map(widen_f32_attr).collect())
                     }
                 }
             }
@@ -358,16 +352,5 @@ pub unsafe fn create(slot: usize, ctx: *mut TF_OpKernelConstruction) -> *mut c_v
             unsafe { TF_OpKernelConstruction_Failure(ctx, s.0) };
             std::ptr::null_mut()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn widens_float_attrs_to_their_decimal() {
-        assert_eq!(widen_f32(1e-6f64 as f32), 1e-6);
-        assert_eq!(widen_f32(1.7f64 as f32), 1.7);
-        assert_eq!(widen_f32(0.5), 0.5);
     }
 }

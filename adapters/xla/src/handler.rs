@@ -197,7 +197,9 @@ unsafe fn read_int(dtype: sys::XLA_FFI_DataType, p: *const u8) -> Option<i64> {
 unsafe fn read_float(dtype: sys::XLA_FFI_DataType, p: *const u8) -> Option<f64> {
     unsafe {
         Some(match dtype {
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => (p as *const f32).read_unaligned() as f64,
+            sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => {
+                kernel_core::widen_f32_attr((p as *const f32).read_unaligned())
+            }
             sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => (p as *const f64).read_unaligned(),
             sys::XLA_FFI_DataType_XLA_FFI_DataType_F16 => {
                 kernel_core::half::f16::from_bits((p as *const u16).read_unaligned()).to_f64()

@@ -69,6 +69,14 @@ impl AttrValue {
     }
 }
 
+/// Widen a float attribute that a framework stores as float32 (ONNX and TensorFlow always; XLA
+/// when the caller passes a float32) to the f64 the user most likely wrote: the shortest decimal
+/// that round-trips the f32 (`1e-6f32` becomes `1e-6`, not `9.99999997e-7`). Every adapter
+/// widens the same way, so `eps=1e-6` gives bitwise-identical results in every framework.
+pub fn widen_f32_attr(v: f32) -> f64 {
+    format!("{v}").parse::<f64>().unwrap_or(v as f64)
+}
+
 /// Bound attributes: every attribute of the schema, in schema order, with defaults filled in
 /// and values coerced to the declared type.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -251,6 +259,20 @@ mod tests {
         assert!(!b(1.0, vec![0.0]).same_as(&b(1.0, vec![-0.0])));
         assert!(b(f64::NAN, vec![]).same_as(&b(f64::NAN, vec![])));
         assert!(!b(1.0, vec![]).same_as(&b(2.0, vec![])));
+    }
+
+    #[test]
+    fn float32_attributes_widen_to_the_decimal_written() {
+        assert_eq!(widen_f32_attr(1e-6f64 as f32), 1e-6);
+        assert_eq!(widen_f32_attr(0.1), 0.1);
+        assert_eq!(widen_f32_attr(1.5), 1.5);
+        assert_eq!(widen_f32_attr(1.7f64 as f32), 1.7);
+        assert_eq!(widen_f32_attr(f32::INFINITY), f64::INFINITY);
+        assert!(widen_f32_attr(f32::NAN).is_nan());
+        assert_ne!(
+            1e-6f64 as f32 as f64, 1e-6,
+            "a plain cast would not round-trip"
+        );
     }
 
     #[test]

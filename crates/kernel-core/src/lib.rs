@@ -16,7 +16,7 @@ pub mod parallel;
 pub mod schema;
 pub mod tensor;
 
-pub use attrs::{AttrValue, Attrs};
+pub use attrs::{widen_f32_attr, AttrValue, Attrs};
 pub use dtype::{DType, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, Result};
 pub use op::{
