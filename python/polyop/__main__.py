@@ -19,21 +19,15 @@ def _setup_ops(p: argparse.ArgumentParser) -> None:
 def cmd_ops(args: argparse.Namespace) -> int:
     import polyop
 
+    from ._library import op_notes
+
     infos = [o for o in polyop.ops() if args.all or not o["flags"]["backward_only"]]
     if args.json:
         print(json.dumps(infos, indent=2))
         return 0
     width = max((len(o["name"]) for o in infos), default=0)
     for o in infos:
-        notes = []
-        if o["flags"]["inplace"]:
-            notes.append("in-place")
-        if o["flags"]["data_dependent_shape"]:
-            notes.append("data-dependent shape")
-        if o["flags"]["backward_only"]:
-            notes.append("backward")
-        if o["backward"]:
-            notes.append(f"grad: {o['backward']['op']}")
+        notes = op_notes(o["flags"], (o["backward"] or {}).get("op"))
         dts = ",".join(o["dtypes"])
         extra = f"  [{'; '.join(notes)}]" if notes else ""
         print(f"{o['name']:<{width}}  {o['schema']}  dtypes={dts}{extra}")

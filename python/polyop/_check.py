@@ -17,6 +17,8 @@ import subprocess
 import sys
 from typing import Any
 
+from ._library import op_notes
+
 FRAMEWORK_MODULES = {"torch": "torch", "tensorflow": "tensorflow", "onnxruntime": "onnxruntime", "xla": "jax"}
 
 
@@ -403,15 +405,7 @@ def check(path: str, timeout: float = 600.0, python: str = sys.executable) -> tu
     lines.append(f"{lib['name_key']:<10} {lib['name']}")
     lines.append(f"ops ({len(report['ops'])}):")
     for o in report["ops"]:
-        notes = []
-        if o["flags"]["backward_only"]:
-            notes.append("backward")
-        if o["flags"]["inplace"]:
-            notes.append("in-place")
-        if o["flags"]["data_dependent_shape"]:
-            notes.append("data-dependent shape")
-        if o["backward"]:
-            notes.append(f"grad: {o['backward']}")
+        notes = op_notes(o["flags"], o["backward"])
         lines.append(f"  {o['schema']}  [{','.join(o['dtypes'])}]" + (f"  ({'; '.join(notes)})" if notes else ""))
     failed = 0
     for key, what in (("missing_symbols", "missing handler symbols"), ("unexported_ops", "ops without an XLA handler")):

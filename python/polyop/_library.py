@@ -27,7 +27,22 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["Library", "STOCK", "open_library", "LibraryError", "NAME_KEYS"]
+__all__ = ["Library", "STOCK", "open_library", "LibraryError", "NAME_KEYS", "op_notes"]
+
+
+def op_notes(flags: dict, grad_op: str | None) -> list[str]:
+    """Short human labels for an op's flags and gradient, for listings (`python -m polyop ops`,
+    `python -m polyop check`)."""
+    notes = []
+    if flags["backward_only"]:
+        notes.append("backward")
+    if flags["inplace"]:
+        notes.append("in-place")
+    if flags["data_dependent_shape"]:
+        notes.append("data-dependent shape")
+    if grad_op:
+        notes.append(f"grad: {grad_op}")
+    return notes
 
 #: framework -> the key naming the library's ops (torch namespace, TF op-type prefix, ONNX
 #: domain, XLA target prefix).
