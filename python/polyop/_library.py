@@ -27,7 +27,33 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["Library", "STOCK", "open_library", "LibraryError", "NAME_KEYS", "op_notes"]
+__all__ = [
+    "Library", "STOCK", "open_library", "LibraryError", "NAME_KEYS", "op_notes",
+    "backward_args", "grads_by_input",
+]
+
+
+def backward_args(name: str, bwd: dict, grad: Any, fwd_input: Any, fwd_output: Any) -> list:
+    """The backward op's tensor arguments, in order, from an op's ``backward`` metadata: each
+    ``("grad", i)``, ``("input", i)`` or ``("output", i)`` entry is supplied by ``grad(i)``,
+    ``fwd_input(i)`` or ``fwd_output(i)``. Each framework's gradient glue passes its own
+    accessors (and its own zero-filling of missing incoming gradients)."""
+    pick = {"grad": grad, "input": fwd_input, "output": fwd_output}
+    args = []
+    for kind, i in bwd["inputs"]:
+        if kind not in pick:  # pragma: no cover - metadata contract of the core
+            raise RuntimeError(f"polyop.{name}: unknown backward input kind {kind!r}")
+        args.append(pick[kind](i))
+    return args
+
+
+def grads_by_input(bwd: dict, results: Any, n_inputs: int) -> list:
+    """Scatter the backward op's results onto the forward op's tensor inputs (``None`` for an
+    input the backward does not differentiate)."""
+    out: list[Any] = [None] * n_inputs
+    for j, fwd_input in enumerate(bwd["outputs"]):
+        out[fwd_input] = results[j]
+    return out
 
 
 def op_notes(flags: dict, grad_op: str | None) -> list[str]:

@@ -49,6 +49,8 @@ from jax import custom_batching
 
 import polyop
 
+from ._library import backward_args, grads_by_input
+
 __all__ = ["load", "call", "vmap_strategy", "op_names"]
 
 _LOCK = threading.Lock()
@@ -359,28 +361,18 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...], src: _Src = _
             raise NotImplementedError(f"polyop.{name}: this op has no gradient")
         it = iter(xs)
         full_inputs = [next(it) if p else None for p in present]
-        args = []
-        for kind, i in bwd_info["inputs"]:
-            if kind == "grad":
-                ct = cts[i]
-                if ct.dtype == jax.dtypes.float0:
-                    ct = jnp.zeros(outs[i].shape, outs[i].dtype)
-                args.append(ct)
-            elif kind == "input":
-                args.append(full_inputs[i])
-            elif kind == "output":
-                args.append(outs[i])
-            else:  # pragma: no cover - metadata contract
-                raise RuntimeError(f"polyop.{name}: unknown backward input kind {kind!r}")
+        def cotangent(i):
+            ct = cts[i]
+            return jnp.zeros(outs[i].shape, outs[i].dtype) if ct.dtype == jax.dtypes.float0 else ct
+
+        args = backward_args(name, bwd_info, cotangent, full_inputs.__getitem__, outs.__getitem__)
         bname = bwd_info["op"]
         battr_names = {a["name"] for a in src.infos[bname]["attrs"]}
         battrs = {k: v for k, v in attrs.items() if k in battr_names}
         grads = _apply(bname, args, battrs, normalize=False, src=src)
         if not isinstance(grads, tuple):
             grads = (grads,)
-        full_grads: list[Any] = [None] * len(present)
-        for j, fi in enumerate(bwd_info["outputs"]):
-            full_grads[fi] = grads[j]
+        full_grads = grads_by_input(bwd_info, grads, len(present))
         out = []
         for p, x, g in zip(present, full_inputs, full_grads):
             if not p:

@@ -31,6 +31,8 @@ import tensorflow as tf
 
 import polyop
 
+from ._library import backward_args, grads_by_input
+
 __all__ = ["load", "op_type"]
 
 _lock = threading.Lock()
@@ -158,17 +160,13 @@ def _register_gradient(
             else:
                 fwd.append(flat.pop(0))
                 present.append(True)
-        args = []
-        for kind, i in bwd["inputs"]:
-            if kind == "grad":
-                g = grads[i]
-                args.append(tf.zeros_like(op.outputs[i]) if g is None else g)
-            elif kind == "input":
-                args.append(fwd[i])
-            elif kind == "output":
-                args.append(op.outputs[i])
-            else:  # pragma: no cover - metadata from the core
-                raise RuntimeError(f"polyop.{name}: unknown backward input kind {kind!r}")
+        args = backward_args(
+            name,
+            bwd,
+            lambda i: tf.zeros_like(op.outputs[i]) if grads[i] is None else grads[i],
+            fwd.__getitem__,
+            op.outputs.__getitem__,
+        )
         # op.get_attr returns TF's Python values; strings come back as bytes.
         attrs = {}
         for a in bwd_attrs:
@@ -176,9 +174,7 @@ def _register_gradient(
             attrs[a] = v.decode() if isinstance(v, bytes) else v
         res = getattr(ns, bwd["op"])(*args, **attrs)
         res = [res] if len(bwd_info["outputs"]) == 1 else list(res)
-        by_input: list[Any] = [None] * len(inputs)
-        for j, fi in enumerate(bwd["outputs"]):
-            by_input[fi] = res[j]
+        by_input = grads_by_input(bwd, res, len(inputs))
         # One gradient per flattened TF input; gradients of absent optional inputs are dropped,
         # inputs without a backward output (non-differentiable) get None.
         return [g for g, p in zip(by_input, present) if p]

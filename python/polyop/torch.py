@@ -36,6 +36,8 @@ import torch
 
 import polyop
 
+from ._library import backward_args, grads_by_input
+
 __all__ = ["load", "ops", "library_path"]
 
 _lock = threading.Lock()
@@ -141,7 +143,6 @@ def _register_autograd(info: dict[str, Any], ns: str = "polyop") -> None:
     bwd = info["backward"]
     bwd_name = bwd["op"]
     bwd_inputs = [(kind, int(i)) for kind, i in bwd["inputs"]]
-    bwd_outputs = [int(i) for i in bwd["outputs"]]
     _, tensor_pos, attr_pos = _arg_layout(info, ns)
     bwd_schema = _schema(bwd_name, ns)
     bwd_tensor_args = [
@@ -170,28 +171,24 @@ def _register_autograd(info: dict[str, Any], ns: str = "polyop") -> None:
         saved = ctx.saved_tensors
         saved_in = dict(zip(need_inputs, saved[: len(need_inputs)]))
         saved_out = dict(zip(need_outputs, saved[len(need_inputs) :]))
-        args = []
-        for kind, i in bwd_inputs:
-            if kind == "grad":
-                g = grads[i] if i < len(grads) else None
-                if g is None:
-                    shape, dtype = ctx.polyop_out_meta[i]
-                    g = torch.zeros(shape, dtype=dtype)
-                args.append(g)
-            elif kind == "input":
-                args.append(saved_in[i])
-            else:
-                args.append(saved_out[i])
+        def grad(i):
+            g = grads[i] if i < len(grads) else None
+            if g is None:
+                shape, dtype = ctx.polyop_out_meta[i]
+                g = torch.zeros(shape, dtype=dtype)
+            return g
+
+        args = backward_args(name, bwd, grad, saved_in.__getitem__, saved_out.__getitem__)
         kwargs = dict(zip(bwd_tensor_args, args))
         for n in bwd_attr_names:
             kwargs[n] = ctx.polyop_attrs[n]
         res = bwd_op(**kwargs)
         res = res if isinstance(res, (tuple, list)) else (res,)
         grads_in: list[Any] = [None] * n_args
-        for j, fwd_input in enumerate(bwd_outputs):
+        for fwd_input, g in enumerate(grads_by_input(bwd, res, len(tensor_pos))):
             # Drop gradients of absent optional inputs (the kernel may still produce one).
             if ctx.polyop_present[fwd_input]:
-                grads_in[tensor_pos[fwd_input]] = res[j]
+                grads_in[tensor_pos[fwd_input]] = g
         return tuple(grads_in)
 
     torch.library.register_autograd(
