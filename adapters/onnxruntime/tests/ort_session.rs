@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context, Result};
 use ort::session::Session;
 use ort::value::Tensor;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -50,10 +50,21 @@ fn env() -> &'static ort::environment::Environment {
     })
 }
 
+/// Held while a session is initialised. ONNX Runtime adds a custom op's domain to ONNX's
+/// process-wide domain/version map during session initialisation with a check-then-insert that
+/// is not atomic: two sessions registering `ai.polyop` at the same instant (cargo runs these
+/// tests on parallel threads) can fail with "the domain is already exist". Creating sessions
+/// one at a time is the workaround (docs/onnxruntime.md); running them stays concurrent.
+fn session_init_lock() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn session(model: &str, threads: usize) -> Result<Session> {
     let lib = adapter_lib();
     anyhow::ensure!(lib.is_file(), "adapter library missing: {}", lib.display());
     let bytes = std::fs::read(manifest_dir().join("tests/models").join(model))?;
+    let _init = session_init_lock();
     Session::builder(env())
         .map_err(|e| anyhow!("{e}"))?
         .with_intra_threads(threads)
@@ -196,6 +207,7 @@ mod custom_registry {
     fn a_test_registry_registered_directly_and_a_panic_in_a_pool_task() -> Result<()> {
         let _ = env();
         let bytes = std::fs::read(manifest_dir().join("tests/models/boom.onnx"))?;
+        let init = session_init_lock();
         let mut builder = Session::builder(env())
             .map_err(|e| anyhow!("{e}"))?
             .with_intra_threads(2)
@@ -208,6 +220,7 @@ mod custom_registry {
         let mut s = builder
             .commit_from_memory(&bytes)
             .map_err(|e| anyhow!("{e}"))?;
+        drop(init);
         let good: Vec<f32> = (0..1000).map(|i| i as f32).collect();
         let mut bad = good.clone();
         bad[777] = -1.0;
