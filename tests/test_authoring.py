@@ -117,9 +117,11 @@ def test_each_library_names_its_framework(example_libs):
 def test_torch_author_lib_next_to_stock(example_libs):
     p = _py(f"""
         import numpy as np, torch, polyop.torch as pt
-        stock = pt.load()                                    # torch.ops.polyop
-        ops = pt.load({example_libs['torch']!r})             # torch.ops.swiglu_ops
-        assert ops is torch.ops.swiglu_ops
+        stock = pt.load()                                    # handle: torch.ops.polyop
+        ops = pt.load({example_libs['torch']!r})             # handle: torch.ops.swiglu_ops
+        assert ops.handle is torch.ops.swiglu_ops and ops.swiglu is torch.ops.swiglu_ops.swiglu
+        assert (ops.framework, ops.name, ops.op_names) == ("torch", "swiglu_ops", ("swiglu", "swiglu_backward"))
+        assert ops.library.path == ops.path and pt.load({example_libs['torch']!r}) is ops
         x = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
         g = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
         y = ops.swiglu(x, g)
@@ -155,6 +157,7 @@ def test_tensorflow_author_lib_next_to_stock(example_libs):
         ref = x * tf.nn.silu(g)                                   # TF's own ops
         np.testing.assert_allclose(raw.example_swiglu(x=x, gate=g).numpy(), ref.numpy(), rtol=1e-12)
         ops = ptf.load({example_libs['tensorflow']!r})
+        assert (ops.framework, ops.name) == ("tensorflow", ops.info["prefix"]) and "swiglu" in ops.op_names
         with tf.GradientTape(persistent=True) as t:
             t.watch([x, g]); y = ops.swiglu(x, g); r = x * tf.nn.silu(g)
         for a, b in zip(t.gradient(y, [x, g]), t.gradient(r, [x, g])):
@@ -192,11 +195,16 @@ def test_onnxruntime_author_lib_next_to_stock(example_libs):
         ref = x.astype(np.float64) * g / (1 + np.exp(-g.astype(np.float64)))
         np.testing.assert_allclose(sess.run(["y"], {{"x": x, "g": g}})[0], ref, rtol=1e-5)
         lib = pox.load(path)
-        assert lib.domain == "ai.example"
-        np.testing.assert_allclose(lib.run("swiglu", x, g), ref, rtol=1e-5)
+        assert (lib.framework, lib.name) == ("onnxruntime", "ai.example") and "swiglu" in lib.op_names
+        np.testing.assert_allclose(lib.swiglu(x, g), ref, rtol=1e-5)
+        np.testing.assert_allclose(lib.call("swiglu", x, g), ref, rtol=1e-5)
+        np.testing.assert_allclose(pox.run("swiglu", x, g, library=path), ref, rtol=1e-5)
+        sess = ort.InferenceSession(pox.make_model("swiglu", [x, g], library=path).SerializeToString(),
+                                    lib.handle(), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(sess.run(None, {{"x": x, "gate": g}})[0], ref, rtol=1e-5)
         np.testing.assert_array_equal(pox.run("negate", x), -x)
         try:
-            lib.run("swiglu", x, g[:, :4]); raise SystemExit("no error")
+            lib.swiglu(x, g[:, :4]); raise SystemExit("no error")
         except Exception as e:
             assert "polyop.swiglu" in str(e), e
         print("OK")
@@ -219,6 +227,7 @@ def test_jax_author_lib_next_to_stock(example_libs):
         ref = lambda a, b: a * jax.nn.silu(b)                     # JAX's own ops
         np.testing.assert_allclose(raw, ref(x, g), rtol=1e-12)
         ops = pj.load(path)
+        assert (ops.framework, ops.name) == ("xla", "example_") and ops.handle["swiglu"] == "example_swiglu"
         np.testing.assert_allclose(jax.jit(ops.swiglu)(x, g), ref(x, g), rtol=1e-12)
         for a, b in zip(jax.grad(lambda a, b: ops.swiglu(a, b).sum(), (0, 1))(x, g),
                         jax.grad(lambda a, b: ref(a, b).sum(), (0, 1))(x, g)):

@@ -32,10 +32,12 @@ def test_ops_lists_every_stock_op_with_metadata():
     assert topk["schema"] == "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)"
     assert [i["name"] for i in topk["inputs"]] == ["x"]
     assert topk["outputs"] == [{"name": "values", "dtype": "T"}, {"name": "indices", "dtype": "int64"}]
+    # "role": "axis" marks an attribute that selects an axis of the first tensor input (the
+    # glue finds axes by it, never by an attribute's name).
     assert topk["attrs"] == [
-        {"name": "k", "type": "int", "default": None, "required": True},
-        {"name": "axis", "type": "int", "default": -1, "required": False},
-        {"name": "largest", "type": "bool", "default": True, "required": False},
+        {"name": "k", "type": "int", "default": None, "required": True, "role": None},
+        {"name": "axis", "type": "int", "default": -1, "required": False, "role": "axis"},
+        {"name": "largest", "type": "bool", "default": True, "required": False, "role": None},
     ]
     assert set(topk["dtypes"]) == {"float16", "bfloat16", "float32", "float64", "int32", "int64"}
     assert topk["onnx_name"] == "TopK" and topk["camel_name"] == "Topk"
@@ -340,6 +342,42 @@ def test_no_framework_imported():
     code = "import sys, polyop; polyop.ops(); print([m for m in ('torch','tensorflow','jax','onnxruntime') if m in sys.modules])"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+FRAMEWORK_GLUE = [("torch", "torch", "PyTorch", "pip install torch"),
+                  ("tensorflow", "tensorflow", "TensorFlow", "pip install tensorflow-cpu"),
+                  ("onnxruntime", "onnxruntime", "ONNX Runtime", "pip install onnxruntime onnx"),
+                  ("onnxruntime", "onnx", "ONNX Runtime", "pip install onnxruntime onnx"),
+                  ("jax", "jax", "JAX", "pip install jax")]
+
+
+@pytest.mark.parametrize("glue,missing,display,pip", FRAMEWORK_GLUE,
+                         ids=[f"{g}-without-{m}" for g, m, *_ in FRAMEWORK_GLUE])
+def test_framework_module_without_its_framework(glue, missing, display, pip):
+    """Every polyop.<framework> module runs the one availability check: without its framework
+    it raises one ImportError naming the framework and the pip package."""
+    code = (f"import sys; sys.modules[{missing!r}] = None\n"  # makes `import {missing}` fail
+            f"import polyop\n"
+            f"from polyop._library import framework_available\n"
+            f"assert not framework_available({glue!r})\n"
+            f"try:\n    import polyop.{glue}\nexcept ImportError as e:\n    print('IMPORTERROR', e.name, e)\n"
+            f"else:\n    print('IMPORTED')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.strip()
+    assert out.startswith(f"IMPORTERROR {missing} polyop.{glue} needs {display}"), out
+    assert f"`{pip}`" in out and f"cannot import `{missing}`" in out, out
+
+
+def test_framework_availability_helper():
+    from polyop._library import FRAMEWORKS, framework_available, require_framework
+
+    assert set(FRAMEWORKS) == {"torch", "tensorflow", "onnxruntime", "xla"}
+    assert framework_available("jax") == framework_available("xla")
+    with pytest.raises(ValueError, match="unknown framework"):
+        framework_available("mxnet")
+    with pytest.raises(ValueError, match="unknown framework"):
+        require_framework("mxnet")
 
 
 def test_cli_lists_ops():

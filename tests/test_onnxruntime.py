@@ -39,6 +39,28 @@ def vi(name, elem, shape):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
+
+def test_load_returns_the_common_library_object():
+    """polyop.<framework>.load() returns the same kind of object in every framework."""
+    import os
+
+    from polyop._library import Loaded
+
+    lib = pox.load()
+    assert isinstance(lib, Loaded) and pox.load() is lib
+    assert (lib.framework, lib.name) == ("onnxruntime", pox.DOMAIN)
+    assert lib.path == os.path.realpath(LIB)
+    assert lib.info["framework"] == "onnxruntime"
+    assert list(lib.op_names) == [o["name"] for o in polyop.ops() if not o["flags"]["inplace"]]
+    assert set(lib.op_names) == set(lib.library.exported)
+    so = lib.handle(intra_op_num_threads=1)  # a SessionOptions factory with the library registered
+    assert isinstance(so, ort.SessionOptions) and so.intra_op_num_threads == 1
+    x = RNG.standard_normal((2, 5)).astype(np.float32)
+    np.testing.assert_array_equal(lib.negate(x), -x)
+    v, i = lib.call("topk", x, k=2)
+    np.testing.assert_array_equal(v, -np.sort(-x, axis=-1)[:, :2])
+    assert pox.load(LIB).name == pox.DOMAIN  # the stock library by path
+
 def out(name):
     return helper.make_empty_tensor_value_info(name)
 

@@ -29,6 +29,24 @@ def sig(*specs):
     return [tf.TensorSpec(s, d) for s, d in specs]
 
 
+
+def test_load_returns_the_common_library_object():
+    """polyop.<framework>.load() returns the same kind of object in every framework."""
+    import os
+
+    from polyop._library import Loaded
+
+    assert isinstance(OPS, Loaded) and ptf.load() is OPS
+    assert (OPS.framework, OPS.name) == ("tensorflow", "Polyop")
+    assert OPS.path == os.path.realpath(LIB)
+    assert OPS.info["framework"] == "tensorflow"
+    assert list(OPS.op_names) == [o["name"] for o in polyop.ops() if not o["flags"]["inplace"]]
+    assert set(OPS.op_names) == set(OPS.library.exported)
+    assert hasattr(OPS.handle, "polyop_topk")  # the module tf.load_op_library returned
+    assert OPS.op("topk") is OPS.topk and ptf.topk is OPS.topk
+    x = tf.constant([1.0, -2.0])
+    assert OPS.call("negate", x).numpy().tolist() == [-1.0, 2.0]
+
 def static_shapes(fn, *specs):
     out = tf.function(fn, input_signature=sig(*specs)).get_concrete_function().structured_outputs
     outs = out if isinstance(out, (tuple, list)) else [out]

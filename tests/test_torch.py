@@ -79,11 +79,30 @@ def test_issue_check_raw_library_no_env():
 
 
 def test_load_is_idempotent():
-    assert polyop.torch.load() is torch.ops.polyop
-    assert polyop.torch.load() is torch.ops.polyop
+    assert polyop.torch.load() is ops
+    assert polyop.torch.load().handle is torch.ops.polyop
+    assert polyop.torch.ops() is torch.ops.polyop
     # loading the raw library again (same path) is harmless too
     torch.ops.load_library(str(LIB))
     assert torch.equal(ops.negate(torch.tensor([1.0])), torch.tensor([-1.0]))
+
+
+def test_load_returns_the_common_library_object():
+    """polyop.<framework>.load() returns the same kind of object in every framework."""
+    from polyop._library import Loaded
+
+    assert isinstance(ops, Loaded)
+    assert (ops.framework, ops.name) == ("torch", "polyop")
+    assert ops.path == os.path.realpath(LIB)
+    assert ops.info["framework"] == "torch" and ops.info[ops.info["name_key"]] == "polyop"
+    assert list(ops.op_names) == [o["name"] for o in polyop.ops()]
+    assert set(ops.op_names) == set(ops.library.exported)
+    # each op is the torch.ops packet itself (so .default works for opcheck / compile)
+    assert ops.topk is torch.ops.polyop.topk and ops.op("topk") is torch.ops.polyop.topk
+    x = torch.tensor([1.0, -2.0])
+    assert torch.equal(ops.call("negate", x), -x)
+    with pytest.raises(ValueError, match="no op `nope`"):
+        ops.op("nope")
 
 
 def test_spec_schemas_registered_exactly():

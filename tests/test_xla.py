@@ -129,6 +129,48 @@ def test_every_op_has_an_exported_symbol():
             assert not hasattr(pj, o["name"])
 
 
+def test_load_returns_the_common_library_object():
+    """polyop.<framework>.load() returns the same kind of object in every framework."""
+    from polyop._library import Loaded
+
+    lib = pj.load()
+    assert isinstance(lib, Loaded) and pj.load() is lib
+    assert (lib.framework, lib.name) == ("xla", "polyop_")
+    assert lib.path == os.path.realpath(polyop.library_path("xla"))
+    assert lib.info["framework"] == "xla"
+    assert list(lib.op_names) == pj.op_names()
+    assert set(lib.op_names) == set(lib.library.exported)
+    assert lib.handle == {n: f"polyop_{n}" for n in pj.op_names()}  # the registered FFI targets
+    assert lib.topk is pj.topk and lib.op("negate") is pj.negate
+    x = rand(2, 3)
+    close(lib.call("negate", x), -x)
+    with pytest.raises(NotImplementedError, match="in-place"):
+        lib.call("relu_", x)
+
+
+def test_axis_attributes_come_from_the_schema_role():
+    """Which attributes name an axis is the schema's declared role, never the attribute's name."""
+    for o in polyop.ops():
+        for a in o["attrs"]:
+            assert "role" in a, (o["name"], a)
+    roles = {o["name"]: pj._axis_attrs(o) for o in polyop.ops()}
+    assert roles["softmax"] == ("axis",) and roles["topk"] == ("axis",)
+    assert roles["rms_norm"] == ("axis",)
+    assert roles["conv2d"] == () and roles["scale"] == () and roles["negate"] == ()
+    # an axis under another name is normalised; an int named "axis" without the role is not
+    info = {"attrs": [{"name": "along", "type": "int", "role": "axis"},
+                      {"name": "axis", "type": "int", "role": None},
+                      {"name": "dims", "type": "int[]", "role": "axis"}]}
+    assert pj._normalize_axes(info, (2, 3, 4), {"along": 1, "axis": 1, "dims": (0, -1, 1)}) == {
+        "along": -2, "axis": 1, "dims": (-3, -1, -2)}
+    # metadata without roles (a library built before they existed): nothing is normalised, and
+    # vmap takes the sequential strategy whenever an integer attribute could name an axis
+    old = {"attrs": [{"name": "axis", "type": "int"}]}
+    assert pj._axis_attrs(old) is None
+    assert pj._normalize_axes(old, (2, 3), {"axis": 0}) == {"axis": 0}
+    assert pj._axis_attrs({"attrs": [{"name": "eps", "type": "float"}]}) == ()
+
+
 def test_stock_ops_present():
     have = {o["name"] for o in polyop.ops()}
     assert set(STOCK) <= have, sorted(set(STOCK) - have)

@@ -17,9 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from ._library import op_notes
-
-FRAMEWORK_MODULES = {"torch": "torch", "tensorflow": "tensorflow", "onnxruntime": "onnxruntime", "xla": "jax"}
+from ._library import FRAMEWORKS, op_notes, require_framework
 
 
 # ------------------------------------------------------------------------------ ELF symbols
@@ -135,32 +133,18 @@ def _to_numpy(o):
     return np.asarray(o)
 
 
-def _caller(fw: str, path: str, lib):
-    """fn(name, arrays, attrs) -> outputs, through the framework's ordinary entry points."""
+def _caller(fw: str, path: str):
+    """fn(name, arrays, attrs) -> outputs, through ``polyop.<framework>.load(path)`` (the
+    framework's ordinary entry points plus the polyop glue)."""
+    import importlib
+
+    loaded = importlib.import_module(FRAMEWORKS[fw].glue).load(path)
     if fw == "torch":
-        import torch
-
-        ns = getattr(torch.ops, lib.name)
-
         def call(name, arrays, attrs):
-            ts = [None if a is None else _torch_tensor(a) for a in arrays]
-            return getattr(ns, name)(*ts, **attrs)
+            return loaded.call(name, *[None if a is None else _torch_tensor(a) for a in arrays], **attrs)
 
         return call
-    if fw == "tensorflow":
-        import polyop.tensorflow as ptf
-
-        ns = ptf.load(path)
-        return lambda name, arrays, attrs: getattr(ns, name)(*arrays, **attrs)
-    if fw == "onnxruntime":
-        import polyop.onnxruntime as pox
-
-        return lambda name, arrays, attrs: pox.run(name, *arrays, library=path, **attrs)
-    import polyop.jax as pj
-
-    ns = pj.load(path)
-    call = pj.call if lib.name == "polyop_" else ns.call
-    return lambda name, arrays, attrs: call(name, *arrays, **attrs)
+    return lambda name, arrays, attrs: loaded.call(name, *arrays, **attrs)
 
 
 def _torch_tensor(a):
@@ -210,9 +194,9 @@ def worker(fw: str, path: str) -> int:
         return code
 
     try:
-        __import__(FRAMEWORK_MODULES[fw])
+        require_framework(fw)
     except Exception as e:  # noqa: BLE001
-        report["error"] = f"cannot import {FRAMEWORK_MODULES[fw]}: {type(e).__name__}: {e}"
+        report["error"] = f"{type(e).__name__}: {e}"
         return emit(1)
     report["stage"] = "load"
     try:
@@ -251,7 +235,7 @@ def worker(fw: str, path: str) -> int:
     report["stage"] = "smoke"
     rng = np.random.default_rng(0)
     try:
-        call = _caller(fw, path, lib)
+        call = _caller(fw, path)
     except Exception as e:  # noqa: BLE001
         report["error"] = f"setting up calls: {type(e).__name__}: {e}"
         return emit(1)
@@ -395,7 +379,8 @@ def check(path: str, timeout: float = 600.0, python: str = sys.executable) -> tu
         stage = report["stage"]
         err = report["error"]
         diag = _diagnose_load(fw, err) if stage == "load" else {
-            "import": f"{fw} is not installed in this Python",
+            "import": f"{FRAMEWORKS[fw].display} is not installed in this Python "
+                      f"(pip install {FRAMEWORKS[fw].pip})",
             "metadata": "the library loaded but its polyop metadata is unusable",
         }.get(stage, "")
         return 1, "\n".join(lines + [f"loads:     no ({stage}): {' '.join(err.split())[:500]}",

@@ -16,21 +16,192 @@ against "a metadata source" and serves both.
 
 A torch or TensorFlow library links its framework: import (and load the library through) the
 framework first, as the glue does; an XLA library loads on its own.
+
+The framework glue shares two more things from here: :func:`require_framework`, the one
+availability check every ``polyop.<framework>`` module runs on import (one ``ImportError``
+naming the framework and its pip package), and :class:`Loaded`, what every
+``polyop.<framework>.load()`` returns.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import json
 import math
 import os
 import threading
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 __all__ = [
     "Library", "STOCK", "open_library", "LibraryError", "NAME_KEYS", "op_notes",
-    "backward_args", "grads_by_input",
+    "backward_args", "grads_by_input", "FRAMEWORKS", "framework_available", "require_framework",
+    "Loaded", "axis_attrs",
 ]
+
+
+# ------------------------------------------------------------------------ framework availability
+
+
+class Framework(NamedTuple):
+    """A framework polyop has glue for."""
+
+    #: The name libraries give it (``polyop_library_info``'s ``framework``).
+    name: str
+    #: What users call it in messages.
+    display: str
+    #: The Python modules the glue imports, the framework's own first.
+    modules: tuple[str, ...]
+    #: What to ``pip install`` for them (the versions CI pins are in ci/requirements.lock).
+    pip: str
+    #: The polyop module with its glue.
+    glue: str
+
+
+#: Every framework with a ``polyop.<module>`` glue, by library framework name.
+FRAMEWORKS: dict[str, Framework] = {
+    "torch": Framework("torch", "PyTorch", ("torch",), "torch", "polyop.torch"),
+    "tensorflow": Framework("tensorflow", "TensorFlow", ("tensorflow",), "tensorflow-cpu",
+                            "polyop.tensorflow"),
+    "onnxruntime": Framework("onnxruntime", "ONNX Runtime", ("onnxruntime", "onnx"),
+                             "onnxruntime onnx", "polyop.onnxruntime"),
+    "xla": Framework("xla", "JAX", ("jax", "jaxlib", "ml_dtypes"), "jax", "polyop.jax"),
+}
+_ALIASES = {"jax": "xla"}
+
+
+def _framework(name: str) -> Framework:
+    try:
+        return FRAMEWORKS[_ALIASES.get(name, name)]
+    except KeyError:
+        raise ValueError(
+            f"polyop: unknown framework {name!r} (expected one of {', '.join(FRAMEWORKS)})"
+        ) from None
+
+
+def framework_available(name: str) -> bool:
+    """Whether the modules ``polyop.<framework>`` needs are installed (found without importing
+    them). ``name``: ``"torch"``, ``"tensorflow"``, ``"onnxruntime"``, ``"xla"`` (or ``"jax"``)."""
+    fw = _framework(name)
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in fw.modules)
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a broken parent
+        return False
+
+
+def require_framework(name: str):
+    """Import the modules the glue for framework ``name`` needs and return the framework's own
+    module; the one availability check of every ``polyop.<framework>`` module. A missing (or
+    unimportable) module raises ``ImportError`` naming the framework, the module and the pip
+    package, chained to the original error."""
+    fw = _framework(name)
+    mods = []
+    for m in fw.modules:
+        try:
+            mods.append(importlib.import_module(m))
+        except ImportError as e:
+            raise ImportError(
+                f"{fw.glue} needs {fw.display}: cannot import `{m}` ({type(e).__name__}: {e}). "
+                f"Install it with `pip install {fw.pip}`; `import polyop` itself works without it.",
+                name=m,
+            ) from e
+    return mods[0]
+
+
+# ------------------------------------------------------------------------ what load() returns
+
+
+def axis_attrs(info: Mapping) -> tuple[str, ...]:
+    """The names of op ``info``'s attributes whose declared role is ``"axis"`` (they select an
+    axis of the op's first tensor input), from the schema metadata, in schema order."""
+    return tuple(a["name"] for a in info["attrs"] if a.get("role") == "axis")
+
+
+class Loaded:
+    """One polyop library loaded into one framework: what every ``polyop.<framework>.load()``
+    returns (``polyop.torch``, ``polyop.tensorflow``, ``polyop.onnxruntime``, ``polyop.jax``),
+    with the same attributes everywhere:
+
+    - ``framework``: ``"torch"``, ``"tensorflow"``, ``"onnxruntime"`` or ``"xla"``;
+    - ``path``: the library file (real path);
+    - ``name``: the library's torch namespace / TF op-type prefix / ONNX domain / XLA target
+      prefix (``"polyop"``, ``"Polyop"``, ``"ai.polyop"``, ``"polyop_"`` for the stock ones);
+    - ``op_names``: the ops callable through this object (the framework's surface: in-place
+      ops are torch-only), in registry order;
+    - ``handle``: the framework's own object for the library: torch ``torch.ops.<namespace>``,
+      TensorFlow the module ``tf.load_op_library`` returned, ONNX Runtime a ``SessionOptions``
+      factory (``handle(intra_op_num_threads=2)``), JAX a dict op name -> registered FFI target
+      name;
+    - ``library``: the library's metadata read from its own exports (a :class:`Library`:
+      ``ops()``, ``op_info()``, ``infer()``, ``run()``, ``exported``) and ``info``, its
+      ``polyop_library_info`` dict;
+    - one attribute per op (``lib.topk(x, k=2)``; an op whose name clashes with one of these
+      attributes is reached through ``op``/``call`` only), ``op(name)`` and
+      ``call(name, *tensors, **attrs)``, taking the framework's tensors (ONNX Runtime: NumPy
+      arrays, run in an ``InferenceSession``).
+    """
+
+    _RESERVED = frozenset(
+        {"framework", "path", "name", "op_names", "handle", "library", "info", "op", "call"}
+    )
+
+    def __init__(
+        self,
+        framework: str,
+        path: str,
+        name: str,
+        handle: Any,
+        ops: Mapping[str, Callable],
+        library: "Library | None" = None,
+        call: Callable | None = None,
+    ):
+        self.framework = framework
+        self.path = os.path.realpath(path)
+        self.name = name
+        self.handle = handle
+        self._ops = dict(ops)
+        self.op_names: tuple[str, ...] = tuple(self._ops)
+        self._library = library
+        self._call = call
+        for n, fn in self._ops.items():
+            if n not in self._RESERVED and not n.startswith("_"):
+                setattr(self, n, fn)
+
+    @property
+    def library(self) -> "Library":
+        if self._library is None:
+            self._library = open_library(self.path)
+        return self._library
+
+    @property
+    def info(self) -> dict:
+        return self.library.info
+
+    def op(self, name: str) -> Callable:
+        """The callable of op ``name`` in this framework."""
+        try:
+            return self._ops[name]
+        except KeyError:
+            raise ValueError(
+                f"polyop: {self.framework} library {self.name!r} has no op `{name}` "
+                f"(known: {', '.join(self._ops)})"
+            ) from None
+
+    def call(self, name: str, *tensors: Any, **attrs: Any) -> Any:
+        """Call op ``name`` on tensors (``None`` for an absent optional input) with attributes
+        by name."""
+        if self._call is not None:
+            return self._call(name, *tensors, **attrs)
+        return self.op(name)(*tensors, **attrs)
+
+    def __dir__(self) -> Iterable[str]:
+        return sorted(set(super().__dir__()) | set(self._ops))
+
+    def __repr__(self) -> str:
+        return (f"<polyop {self.framework} library {self.name!r} ({len(self.op_names)} ops) "
+                f"{self.path}>")
+
 
 
 def backward_args(name: str, bwd: dict, grad: Any, fwd_input: Any, fwd_output: Any) -> list:

@@ -10,6 +10,10 @@ generated from its metadata; nothing in this file knows a particular op:
 - **targets**: ``load()`` (called on first use) loads ``polyop.library_path("xla")`` with
   ctypes and registers ``polyop_<name>`` for every op with
   ``jax.ffi.register_ffi_target(..., jax.ffi.pycapsule(lib.polyop_<name>), platform="cpu")``.
+  It returns the object every ``polyop.<framework>.load()`` returns
+  (:class:`polyop._library.Loaded`): one attribute per op (the functions of this module),
+  ``call``, ``path``, ``name`` (the target prefix), ``op_names``, ``library``/``info`` and
+  ``handle``, a dict op name -> registered FFI target name.
 - **shapes**: result shapes/dtypes come from kernel-core's shape inference through
   ``polyop.infer`` (bad inputs therefore fail at trace time, with the kernel's message) and
   become ``jax.ShapeDtypeStruct``s for ``jax.ffi.ffi_call``; so ``jax.jit`` and
@@ -19,9 +23,10 @@ generated from its metadata; nothing in this file knows a particular op:
 - **vmap**: a ``jax.custom_batching.custom_vmap`` rule chosen per call, see
   :func:`vmap_strategy`: either "direct" (call the op once on the batched operands, the
   batch axis being one more leading dim; unbatched operands are NOT broadcast) or
-  "sequential" (``lax.map`` over the batch). Attributes named ``axis``/``dim`` are normalised
-  to negative values (relative to the first tensor input) before the call, so a leading batch
-  axis never changes which axis they name.
+  "sequential" (``lax.map`` over the batch). Attributes the schema declares with the role
+  ``"axis"`` (``op_info(name)["attrs"][i]["role"]``: they select an axis of the first tensor
+  input) are normalised to negative values before the call, so a leading batch axis never
+  changes which axis they name; no attribute is recognised by its name.
 - **gradients**: ``jax.custom_vjp`` driven by ``polyop.op_info(name)["backward"]``: the
   backward op (itself an FFI target) is called on the incoming gradients / forward inputs /
   forward outputs it asks for, with the forward call's attributes taken by name. Gradients of
@@ -30,6 +35,9 @@ generated from its metadata; nothing in this file knows a particular op:
 - ``nonzero`` (data-dependent output shape) is refused at trace time: XLA needs static shapes.
 
 Enable float64 with ``jax.config.update("jax_enable_x64", True)`` as usual in JAX.
+
+Importing this module without JAX installed raises one ``ImportError`` naming the pip package
+(:func:`polyop._library.require_framework`).
 """
 
 from __future__ import annotations
@@ -38,28 +46,27 @@ import ctypes
 import functools
 import inspect
 import threading
-import types
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import ml_dtypes
-import numpy as np
-from jax import custom_batching
+from ._library import require_framework
 
-import polyop
+require_framework("xla")
 
-from ._library import backward_args, grads_by_input
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import custom_batching  # noqa: E402
+
+import polyop  # noqa: E402
+
+from ._library import Loaded, axis_attrs, backward_args, grads_by_input  # noqa: E402
 
 __all__ = ["load", "call", "vmap_strategy", "op_names"]
 
 _LOCK = threading.Lock()
-_LIB: ctypes.CDLL | None = None
+_LIB: Loaded | None = None
 _INFOS: dict[str, dict] = {o["name"]: o for o in polyop.ops()}
-
-#: Names of the attributes that select an axis of the first tensor input; normalised to
-#: negative values so that vmap's leading batch axis leaves their meaning unchanged.
-AXIS_ATTRS = ("axis", "dim")
 
 #: Batch size used to probe shape inference when choosing a vmap strategy: a prime that no
 #: real dim is expected to equal, so broadcasting cannot line it up with a real dim by chance.
@@ -75,7 +82,7 @@ class _Src:
 
 
 _STOCK = _Src("polyop_", _INFOS, polyop, lambda: load())
-_AUTHORED: dict[str, types.SimpleNamespace] = {}
+_AUTHORED: dict[str, Loaded] = {}
 
 
 def op_names() -> list[str]:
@@ -83,14 +90,15 @@ def op_names() -> list[str]:
     return [n for n, o in _INFOS.items() if not o["flags"]["inplace"]]
 
 
-def load(path: str | None = None):
-    """Load ``libpolyop_xla.so`` and register one FFI target per op (idempotent); returns
-    the ``ctypes.CDLL``.
+def load(path: str | None = None) -> Loaded:
+    """Load ``libpolyop_xla.so``, register one FFI target per op (idempotent) and return the
+    library as a :class:`polyop._library.Loaded` (one attribute per op: the JAX functions of
+    this module; ``handle``: op name -> FFI target name).
 
     ``path`` may be an author's XLA library (built with ``polyop_xla::export!``, see
-    docs/authoring.md): its targets ``<prefix><name>`` are registered and a namespace of JAX
+    docs/authoring.md): its targets ``<prefix><name>`` are registered and its ops become JAX
     functions (jit / vmap / grad / eval_shape like the stock ones, shapes from that library's
-    own ``polyop_infer``) is returned.
+    own ``polyop_infer``).
     """
     global _LIB
     if path is not None:
@@ -104,38 +112,44 @@ def load(path: str | None = None):
     with _LOCK:
         if _LIB is not None:
             return _LIB
-        lib = ctypes.cdll.LoadLibrary(path or polyop.library_path("xla"))
-        for name in op_names():
-            fn = getattr(lib, f"polyop_{name}", None)
-            if fn is None:
-                raise RuntimeError(
-                    f"polyop.{name}: libpolyop_xla.so exports no symbol polyop_{name}; "
-                    "rebuild it (cargo build --release -p polyop-xla)"
-                )
-            jax.ffi.register_ffi_target(f"polyop_{name}", jax.ffi.pycapsule(fn), platform="cpu")
-        _LIB = lib
-        return lib
+        lib_path = path or polyop.library_path("xla")
+        targets = _register_targets(ctypes.cdll.LoadLibrary(lib_path), "polyop_", op_names(), lib_path)
+        _LIB = Loaded("xla", lib_path, "polyop_", targets, {n: globals()[n] for n in op_names()},
+                      call=call)
+        return _LIB
 
 
-def _load_authored(lib) -> types.SimpleNamespace:
+def _register_targets(dll, prefix: str, names, path: str) -> dict[str, str]:
+    """Register ``<prefix><name>`` for every op in ``names`` from ``dll``'s handler symbols."""
+    targets = {}
+    for name in names:
+        target = f"{prefix}{name}"
+        fn = getattr(dll, target, None)
+        if fn is None:
+            raise RuntimeError(
+                f"polyop.{name}: {path} exports no symbol {target}; rebuild it "
+                "(cargo build --release)"
+            )
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
+        targets[name] = target
+    return targets
+
+
+def _load_authored(lib) -> Loaded:
     with _LOCK:
-        ns = _AUTHORED.get(lib.path)
-        if ns is not None:
-            return ns
+        loaded = _AUTHORED.get(lib.path)
+        if loaded is not None:
+            return loaded
         dll = ctypes.cdll.LoadLibrary(lib.path)
-        for name in lib.exported:
-            fn = getattr(dll, f"{lib.name}{name}", None)
-            if fn is None:
-                raise RuntimeError(f"polyop.{name}: {lib.path} exports no symbol {lib.name}{name}")
-            jax.ffi.register_ffi_target(f"{lib.name}{name}", jax.ffi.pycapsule(fn), platform="cpu")
+        targets = _register_targets(dll, lib.name, lib.exported, lib.path)
         infos = {o["name"]: o for o in lib.ops() if o["name"] in lib.exported}
         src = _Src(lib.name, infos, lib, lambda: None)
-        ns = types.SimpleNamespace(path=lib.path, prefix=lib.name, library=lib)
-        for name in infos:
-            setattr(ns, name, _make_op(name, src))
-        ns.call = lambda name, *tensors, **attrs: _apply(name, tensors, attrs, src=src)
-        _AUTHORED[lib.path] = ns
-        return ns
+        loaded = Loaded(
+            "xla", lib.path, lib.name, targets, {name: _make_op(name, src) for name in infos},
+            library=lib, call=lambda name, *tensors, **attrs: _apply(name, tensors, attrs, src=src),
+        )
+        _AUTHORED[lib.path] = loaded
+        return loaded
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -195,17 +209,37 @@ def _infer(name: str, specs, attrs: dict, src: _Src = _STOCK):
     return src.meta.infer(name, list(specs), **attrs)
 
 
-def _normalize_axes(name: str, tensors, attrs: dict) -> dict:
-    """Make ``axis``/``dim`` attributes negative (relative to the first tensor input)."""
+def _axis_attrs(info: dict) -> tuple[str, ...] | None:
+    """The op's attributes whose declared role is ``"axis"`` (they select an axis of the first
+    tensor input), from its schema metadata. ``None`` when the metadata declares no roles (a
+    library built before roles existed) and the op has integer attributes: which of them name
+    an axis is then unknown, and the vmap rule stays on the safe (sequential) strategy."""
+    if all("role" in a for a in info["attrs"]):
+        return axis_attrs(info)
+    if any(a["type"] in ("int", "int[]") for a in info["attrs"]):
+        return None
+    return ()
+
+
+def _negative_axis(v, rank: int):
+    if isinstance(v, tuple):
+        return tuple(_negative_axis(x, rank) for x in v)
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < rank:
+        return v - rank
+    return v
+
+
+def _normalize_axes(info: dict, first_shape, attrs: dict) -> dict:
+    """Make the op's axis-role attributes negative, relative to the first tensor input's
+    shape ``first_shape`` (``None``: no tensor input, nothing to do)."""
+    names = _axis_attrs(info)
+    if not names or first_shape is None:
+        return dict(attrs)
+    rank = len(first_shape)
     out = dict(attrs)
-    first = next((t for t in tensors if t is not None), None)
-    if first is None:
-        return out
-    rank = len(first.shape)
-    for a in AXIS_ATTRS:
-        v = out.get(a)
-        if isinstance(v, int) and not isinstance(v, bool) and rank > 0 and 0 <= v < rank:
-            out[a] = v - rank
+    for a in names:
+        if a in out:
+            out[a] = _negative_axis(out[a], rank)
     return out
 
 
@@ -257,12 +291,14 @@ def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
     - ``"direct"``: one call on the batched operands (batch axis = an extra leading dim,
       unbatched operands passed as they are). Chosen when shape inference confirms that
       prepending a batch dim to the batched operands prepends it to every output, the op's
-      ``axis``/``dim`` attributes are negative (see :data:`AXIS_ATTRS`) and the first input is
-      not a scalar when such an attribute exists. This holds for elementwise ops, broadcasting
+      axis attributes (declared with the role ``"axis"`` in its schema metadata, normalised to
+      negative values first) are negative and the first input is not a scalar when such an
+      attribute exists. This holds for elementwise ops, broadcasting
       ops whose batched operands already have the full rank, softmax/topk/rms_norm along a
       non-batch axis, ...
     - ``"sequential"``: ``lax.map`` over the batch (e.g. conv2d, whose input must be 4-D;
-      add with a lower-rank batched operand; rms_norm with a batched weight).
+      add with a lower-rank batched operand; rms_norm with a batched weight), and any op
+      with integer attributes whose metadata declares no roles.
 
     Assumption (documented in docs/xla.md): an op whose shapes behave batch-like under a new
     leading dim also computes batch-like, unless an axis attribute says otherwise.
@@ -272,8 +308,7 @@ def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
     attrs = {k: _hashable_attr(k, name, v) for k, v in full_attrs.items() if v is not None}
     specs = [None if s is None else (tuple(s[0]), s[1]) for s in shapes]
     first = next((s for s in specs if s is not None), None)
-    if first is not None:
-        attrs = _normalize_axes(name, [types.SimpleNamespace(shape=first[0])], attrs)
+    attrs = _normalize_axes(_INFOS[name], None if first is None else first[0], attrs)
     return _strategy(name, tuple(specs), tuple(bool(b) for b in batched), tuple(sorted(attrs.items())))
 
 
@@ -281,10 +316,16 @@ def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
 def _strategy(name, specs, batched, attrs_key, src: _Src = _STOCK) -> str:
     attrs = dict(attrs_key)
     first = next((s for s in specs if s is not None), None)
-    for a in AXIS_ATTRS:
+    axes = _axis_attrs(src.infos[name])
+    if axes is None:
+        return "sequential"  # no declared roles: an integer attribute may name an axis
+    for a in axes:
         if a in attrs:
             v = attrs[a]
-            if not isinstance(v, int) or v >= 0 or first is None or len(first[0]) == 0:
+            vs = v if isinstance(v, tuple) else (v,)
+            if first is None or len(first[0]) == 0 or any(
+                not isinstance(x, int) or isinstance(x, bool) or x >= 0 for x in vs
+            ):
                 return "sequential"
     try:
         base = _infer(name, specs, attrs, src)
@@ -425,7 +466,7 @@ def _apply(name: str, tensors, attrs: dict, normalize: bool = True, src: _Src = 
     full_attrs.update(attrs)
     canon = {k: _hashable_attr(k, name, v) for k, v in full_attrs.items() if v is not None}
     if normalize:
-        canon = _normalize_axes(name, xs, canon)
+        canon = _normalize_axes(info, xs[0].shape if xs else None, canon)
     # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages.
     _infer(name, [_spec(x) for x in _fill(xs, present)], canon, src)
     outs = _op_fn(name, tuple(sorted(canon.items())), present, src)(*xs)

@@ -11,13 +11,22 @@ module only adds conveniences::
     model = pox.make_model("topk", [x], k=2)              # a one-node ModelProto
     values, indices = pox.run("topk", x, k=2)             # build + InferenceSession + run
 
+``load(path=None)`` returns the object every ``polyop.<framework>.load()`` returns
+(:class:`polyop._library.Loaded`): one attribute per op running it in an ``InferenceSession``
+on NumPy arrays (``lib.topk(x, k=2)``, like :func:`run`), ``call(name, *arrays, **attrs)``,
+``path``, ``name`` (the ONNX domain), ``op_names``, ``library``/``info`` and ``handle``, a
+``SessionOptions`` factory with the library registered (``lib.handle(intra_op_num_threads=2)``).
+
 An author's library (built with ``polyop_onnxruntime::export!``, see docs/authoring.md) is
-used the same way: every helper takes ``library=path`` (the domain, op types, schemas and
-output shapes then come from that library's own metadata), or ``lib = pox.load(path)`` gives
-the helpers bound to it: ``lib.run("swiglu", x, g)``, ``lib.make_model(...)``, ``lib.domain``.
+used the same way: ``lib = pox.load(path)``, or pass ``library=path`` to any helper here (the
+domain, op types, schemas and output shapes then come from that library's own metadata):
+``pox.make_model("swiglu", [x, g], library=path)``.
 
 Attributes follow SPEC §1: a ``bool`` is an INT attribute 0/1 (ONNX has no bool), a ``float``
 a FLOAT, a ``str`` a STRING; absent optional inputs are empty input names.
+
+Importing this module without onnxruntime (or onnx) installed raises one ``ImportError``
+naming the pip packages (:func:`polyop._library.require_framework`).
 """
 
 from __future__ import annotations
@@ -25,12 +34,18 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-import onnx
-import onnxruntime as ort
-from onnx import TensorProto, helper
+from ._library import require_framework
 
-import polyop
+require_framework("onnxruntime")
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+import polyop  # noqa: E402
+
+from ._library import Loaded  # noqa: E402
 
 __all__ = [
     "load",
@@ -90,25 +105,28 @@ def _lib(library: str | None):
     return lib.path, lib.name, lib
 
 
-def load(path: str):
-    """The helpers of this module bound to the ONNX Runtime library at ``path`` (an author's
-    library or the stock one): a namespace with ``path``, ``domain``, ``library`` (its
-    metadata) and ``session_options``, ``op_type``, ``make_node``, ``make_model``,
-    ``session``, ``run``."""
-    import types
+_loaded: dict[str | None, Loaded] = {}
 
+
+def load(path: str | None = None) -> Loaded:
+    """The library at ``path`` (default: the stock ``libpolyop_onnxruntime.so``; or an
+    author's library) as a :class:`polyop._library.Loaded`: one attribute per op that runs
+    it through ONNX Runtime (:func:`run` with ``library=path``), ``call``, ``name`` (the ONNX
+    domain) and ``handle``, a ``SessionOptions`` factory with the library registered
+    (:func:`session_options` with ``library=path``). Nothing is registered until a session
+    is made: ONNX Runtime registers a custom-op library per ``SessionOptions``."""
     lib_path, domain, meta = _lib(path)
-    return types.SimpleNamespace(
-        path=lib_path,
-        domain=domain,
-        library=meta,
-        session_options=functools.partial(session_options, library=path),
-        op_type=functools.partial(op_type, library=path),
-        make_node=functools.partial(make_node, library=path),
-        make_model=functools.partial(make_model, library=path),
-        session=functools.partial(session, library=path),
-        run=functools.partial(run, library=path),
-    )
+    key = None if path is None else lib_path
+    lib = _loaded.get(key)
+    if lib is None:
+        # In-place ops are torch-only: ONNX Runtime registers the out-of-place op.
+        names = [o["name"] for o in meta.ops() if not o["flags"]["inplace"]]
+        fns = {n: functools.partial(run, n, library=path) for n in names}
+        lib = _loaded[key] = Loaded(
+            "onnxruntime", lib_path, domain, functools.partial(session_options, path), fns,
+            library=None if path is None else meta,
+        )
+    return lib
 
 
 def session_options(library: str | None = None, **kw: Any) -> ort.SessionOptions:

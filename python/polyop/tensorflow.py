@@ -13,12 +13,17 @@ This module adds what only Python can add:
   ``polyop.op_info(name)["backward"]`` (the backward op is itself a registered TF op; no
   gradient formula lives here).
 
-``load(path=None)`` returns a namespace of those functions (plus ``.raw``, the module
-``tf.load_op_library`` returned). Module attributes forward to it: ``polyop.tensorflow.topk``.
-``load(path)`` also takes an author's library (built with ``polyop_tensorflow::export!``, see
+``load(path=None)`` returns the object every ``polyop.<framework>.load()`` returns
+(:class:`polyop._library.Loaded`): one attribute per op (those functions), ``path``, ``name``
+(the op-type prefix), ``op_names``, ``handle`` (the module ``tf.load_op_library`` returned),
+``library``/``info`` and ``call(name, *tensors, **attrs)``. Module attributes forward to it:
+``polyop.tensorflow.topk``. ``load(path)`` also takes an author's library (built with ``polyop_tensorflow::export!``, see
 docs/authoring.md): names, static shapes and gradients then come from that library's own
 metadata and shape inference (``polyop_library_info`` / ``polyop_infer``), and its op types
 are ``<prefix><CamelName>``.
+
+Importing this module without TensorFlow installed raises one ``ImportError`` naming the pip
+package (:func:`polyop._library.require_framework`).
 """
 
 from __future__ import annotations
@@ -27,16 +32,20 @@ import threading
 import types
 from typing import Any
 
-import tensorflow as tf
+from ._library import require_framework
 
-import polyop
+require_framework("tensorflow")
 
-from ._library import backward_args, grads_by_input
+import tensorflow as tf  # noqa: E402
+
+import polyop  # noqa: E402
+
+from ._library import Loaded, backward_args, grads_by_input  # noqa: E402
 
 __all__ = ["load", "op_type"]
 
 _lock = threading.Lock()
-_loaded: dict[str, types.SimpleNamespace] = {}
+_loaded: dict[str, Loaded] = {}
 _grads_registered: set[str] = set()
 
 
@@ -136,7 +145,7 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
 
 
 def _register_gradient(
-    ns: types.SimpleNamespace, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop
+    ns: Loaded, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop
 ) -> None:
     name = info["name"]
     bwd = info["backward"]
@@ -172,7 +181,7 @@ def _register_gradient(
         for a in bwd_attrs:
             v = op.get_attr(a)
             attrs[a] = v.decode() if isinstance(v, bytes) else v
-        res = getattr(ns, bwd["op"])(*args, **attrs)
+        res = ns.op(bwd["op"])(*args, **attrs)
         res = [res] if len(bwd_info["outputs"]) == 1 else list(res)
         by_input = grads_by_input(bwd, res, len(inputs))
         # One gradient per flattened TF input; gradients of absent optional inputs are dropped,
@@ -204,9 +213,10 @@ def _wrappers_from_registry(infos: list[dict], prefix: str = STOCK_PREFIX) -> ty
     return module
 
 
-def load(path: str | None = None) -> types.SimpleNamespace:
+def load(path: str | None = None) -> Loaded:
     """Load ``libpolyop_tensorflow.so`` (default: ``polyop.library_path("tensorflow")``),
-    register gradients, and return a namespace of clean-named ops.
+    register gradients, and return the library as a :class:`polyop._library.Loaded` of
+    clean-named op functions (``handle``: the module ``tf.load_op_library`` returned).
 
     ``path`` may also be an author's library (built with ``polyop_tensorflow::export!``):
     its ops, op-type prefix and shape inference then come from the library itself."""
@@ -217,7 +227,7 @@ def load(path: str | None = None) -> types.SimpleNamespace:
         if ns is not None:
             return ns
         raw = tf.load_op_library(path)
-        prefix, meta = STOCK_PREFIX, polyop
+        prefix, meta, lib = STOCK_PREFIX, polyop, None
         if not stock:
             from . import _library
 
@@ -235,9 +245,8 @@ def load(path: str | None = None) -> types.SimpleNamespace:
             # no new registrations and returns an empty module. The ops are registered
             # globally, so generate the wrappers from TF's op registry instead.
             raw = _wrappers_from_registry(infos, prefix)
-        ns = types.SimpleNamespace(raw=raw, path=path, prefix=prefix)
-        for info in infos:
-            setattr(ns, info["name"], _make_fn(raw, info, prefix, meta))
+        fns = {info["name"]: _make_fn(raw, info, prefix, meta) for info in infos}
+        ns = Loaded("tensorflow", path, prefix, raw, fns, library=lib)
         for info in infos:
             if info["backward"] is not None:
                 _register_gradient(ns, info, prefix, meta)

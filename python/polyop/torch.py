@@ -17,31 +17,46 @@ This module adds what only Python can add:
 Usage::
 
     import polyop.torch
-    ops = polyop.torch.load()          # == torch.ops.polyop, idempotent
-    y = ops.rms_norm(x, w, eps=1e-5)
+    ops = polyop.torch.load()          # a polyop._library.Loaded, idempotent
+    y = ops.rms_norm(x, w, eps=1e-5)   # == torch.ops.polyop.rms_norm (ops.handle is torch.ops.polyop)
     y.sum().backward()
+
+``load()`` returns the object every ``polyop.<framework>.load()`` returns
+(:class:`polyop._library.Loaded`): ``path``, ``name`` (the namespace), ``op_names``,
+``handle`` (``torch.ops.<namespace>``), ``library``/``info`` (the library's own metadata),
+``call(name, *tensors, **attrs)`` and one attribute per op (the ``torch.ops`` packet, so
+``ops.topk.default`` is the overload for ``torch.library.opcheck``).
 
 An author's library (built with ``polyop_torch::export!``, see docs/authoring.md) loads the
 same way by path: ``ops = polyop.torch.load("libmy_torch.so")`` calls
 ``torch.ops.load_library`` and registers autograd / fake kernels from *that* library's
-metadata (``polyop_library_info``), returning ``torch.ops.<its namespace>``.
+metadata (``polyop_library_info``); ``ops.handle`` is ``torch.ops.<its namespace>``.
+
+Importing this module without torch installed raises one ``ImportError`` naming the pip package
+(:func:`polyop._library.require_framework`).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
-import torch
+from ._library import require_framework
 
-import polyop
+require_framework("torch")
 
-from ._library import backward_args, grads_by_input
+import torch  # noqa: E402
+
+import polyop  # noqa: E402
+
+from . import _library  # noqa: E402
+from ._library import Loaded, backward_args, grads_by_input  # noqa: E402
 
 __all__ = ["load", "ops", "library_path"]
 
 _lock = threading.Lock()
-_loaded = False
+_loaded: Loaded | None = None
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -60,43 +75,58 @@ def _library_loaded() -> bool:
         return False
 
 
-_authored: dict[str, Any] = {}
+_authored: dict[str, Loaded] = {}
 
 
-def load(path: str | None = None):
-    """Load ``libpolyop_torch.so`` (once) and register autograd; returns ``torch.ops.polyop``.
+def _loaded_object(path: str, ns: str, names: list[str], library: Any = None) -> Loaded:
+    handle = getattr(torch.ops, ns)
+    return Loaded("torch", path, ns, handle, {n: getattr(handle, n) for n in names}, library=library)
+
+
+def load(path: str | None = None) -> Loaded:
+    """Load ``libpolyop_torch.so`` (once), register autograd and fake kernels, and return the
+    library as a :class:`polyop._library.Loaded` (``handle``: ``torch.ops.polyop``; one
+    attribute per op).
 
     With ``path``: load that polyop torch library (an author's, built with
-    ``polyop_torch::export!``) with ``torch.ops.load_library``, register autograd and fake
-    kernels from its own metadata, and return ``torch.ops.<namespace>``.
+    ``polyop_torch::export!``) with ``torch.ops.load_library`` and register autograd and fake
+    kernels from its own metadata (``handle``: ``torch.ops.<namespace>``).
     """
-    global _loaded
     if path is not None:
         return _load_path(path)
+    return _load_stock(None)
+
+
+def _load_stock(path: str | None) -> Loaded:
+    """The stock library: ``path`` when it was loaded by path (already loaded then), else
+    ``libpolyop_torch.so`` from :func:`library_path` unless torch has the ops already."""
+    global _loaded
     with _lock:
-        if _loaded:
-            return torch.ops.polyop
+        if _loaded is not None:
+            return _loaded
+        lib_path = path
         if not _library_loaded():
-            torch.ops.load_library(library_path())
-        for info in polyop.ops():
+            lib_path = library_path()
+            torch.ops.load_library(lib_path)
+        infos = polyop.ops()
+        for info in infos:
             if info["flags"]["data_dependent_shape"]:
                 _register_dynamic_fake(info)
             if info.get("backward"):
                 _register_autograd(info)
-        _loaded = True
-    return torch.ops.polyop
+        if lib_path is None:  # loaded by the user's own torch.ops.load_library call
+            lib_path = next((p for p in sorted(getattr(torch.ops, "loaded_libraries", ()))
+                             if os.path.basename(p) == "libpolyop_torch.so"), None) or library_path()
+        _loaded = _loaded_object(lib_path, "polyop", [i["name"] for i in infos])
+    return _loaded
 
 
 def ops():
     """``torch.ops.polyop``, loading the library first if needed."""
-    return load()
+    return load().handle
 
 
-def _load_path(path: str):
-    import os
-
-    from . import _library
-
+def _load_path(path: str) -> Loaded:
     real = os.path.realpath(path)
     with _lock:
         if real in _authored:
@@ -112,10 +142,10 @@ def _load_path(path: str):
                     _register_dynamic_fake(info, ns, lib)
                 if info.get("backward"):
                     _register_autograd(info, ns)
-            _authored[real] = getattr(torch.ops, ns)
+            _authored[real] = _loaded_object(real, ns, list(lib.exported), library=lib)
             return _authored[real]
     # The stock library under an explicit path: the stock glue.
-    return load()
+    return _load_stock(real)
 
 
 # --------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ class OnnxRuntimeBackend(Backend):
         self.domain = pox.DOMAIN
         if library is not None:
             lib = pox.load(library)
-            self.meta, self.domain = lib.library, lib.domain
+            self.meta, self.domain = lib.library, lib.name
 
     def unsupported(self, case: Case, mode: str) -> str | None:
         info = self.meta.op_info(case.op)

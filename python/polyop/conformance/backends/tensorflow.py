@@ -42,10 +42,8 @@ class TensorFlowBackend(Backend):
         self.library = library
         self.meta = polyop
         if library is not None:
-            from polyop._library import open_library
-
-            self._ops = polyop_tf.load(library)
-            self.meta = open_library(library)
+            self._ops = polyop_tf.load(library)  # a polyop._library.Loaded
+            self.meta = self._ops.library
 
     @property
     def ops(self):

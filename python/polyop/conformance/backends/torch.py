@@ -49,10 +49,8 @@ class TorchBackend(Backend):
         self.library = library
         self.meta = polyop
         if library is not None:
-            from polyop._library import open_library
-
-            self._ops = polyop_torch.load(library)  # torch.ops.<namespace>
-            self.meta = open_library(library)
+            self._ops = polyop_torch.load(library)  # a polyop._library.Loaded
+            self.meta = self._ops.library
 
     @property
     def ops(self):
