@@ -22,6 +22,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
         OpDef::builder("softmax(Tensor x, int axis=-1) -> Tensor")
             .doc("exp(x - max) / sum(exp(x - max)) along axis (numerically stable)")
+            .axis_attr("axis")
             .infer(softmax_infer)
             .cpu(softmax_cpu)
             .backward(
@@ -34,6 +35,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
         OpDef::builder("softmax_backward(Tensor grad, Tensor y, int axis=-1) -> Tensor")
             .doc("y * (grad - sum(grad * y, axis)) where y = softmax(x)")
+            .axis_attr("axis")
             .infer(softmax_backward_infer)
             .cpu(softmax_backward_cpu)
             .backward_only()

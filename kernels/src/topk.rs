@@ -27,6 +27,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .doc("the k largest (or smallest) elements along axis, sorted; ties: lower index first; NaN is largest")
         .dtypes(DType::NUMERIC)
         .fixed("indices", DType::I64)
+        .axis_attr("axis")
         .infer(topk_infer)
         .cpu(topk_cpu)
         .backward(
@@ -44,6 +45,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .doc("grad_values scattered (summed) at indices along axis into zeros shaped like x")
         .dtypes(DType::NUMERIC)
         .fixed("indices", DType::I64)
+        .axis_attr("axis")
         .infer(topk_backward_infer)
         .cpu(topk_backward_cpu)
         .backward_only()

@@ -13,18 +13,22 @@
 //! (`OrtApiBase::GetApi(API_VERSION)`). Types come from `ort-sys` with linking disabled.
 //! An out-of-tree op crate can export its own entry point with [`register_custom_ops`].
 
-pub mod api;
 mod attrs;
-pub mod custom_op;
+mod call;
+mod error;
 mod pool;
+mod register;
+mod shape;
+mod sys;
+mod tensor;
 
-use api::{Api, API_VERSION};
-use custom_op::PolyOp;
 use kernel_core::{Error, Registry};
 use ort_sys::{OrtApiBase, OrtErrorCode, OrtSessionOptions, OrtStatus};
+use register::PolyOp;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Mutex, OnceLock};
+use sys::{Api, API_VERSION};
 
 /// The ONNX domain every polyop op is registered in.
 pub const DOMAIN: &str = "ai.polyop";
@@ -47,7 +51,7 @@ fn custom_ops(registry: &'static Registry, api: Api) -> &'static [PolyOp] {
         let ops: Vec<PolyOp> = registry
             .ops()
             .filter(|op| !op.flags.inplace)
-            .flat_map(|op| custom_op::variants(api, op))
+            .flat_map(|op| register::variants(api, op))
             .collect();
         Box::leak(ops.into_boxed_slice())
     })
@@ -103,7 +107,7 @@ pub unsafe fn register_custom_ops_in_domain(
         );
     }
     let api = Api(unsafe { &*api_ptr });
-    unsafe { api::init_shape_ref(base) };
+    unsafe { sys::init_shape_ref(base) };
     let r = std::panic::catch_unwind(|| -> kernel_core::Result<()> {
         let ops = custom_ops(registry, api);
         let domain_name = CString::new(domain_name)

@@ -2,7 +2,7 @@
 //! so `SessionOptions.intra_op_num_threads` governs polyop kernels too. Partitioning is decided
 //! by kernel-core (fixed chunks), so results do not depend on the thread count.
 
-use crate::api::Api;
+use crate::sys::Api;
 use kernel_core::{PanicSlot, ThreadPool};
 use ort_sys::OrtKernelContext;
 use std::ffi::c_void;

@@ -5,10 +5,10 @@
 use crate::ffi::*;
 use crate::opdef::count_attr;
 use crate::shape::{dtype_from_tf, dtype_to_tf};
-use kernel_core::op::InferCache;
+use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    catch_panic, contiguous_strides, default_pool, numel, widen_f32_attr, ArgType, AttrValue,
-    Attrs, DType, Error, ErrorKind, KernelCtx, OpDef, OutputAllocator, Result, TensorMut,
+    call, catch_panic, contiguous_strides, default_pool, numel, widen_f32_attr, ArgType,
+    AttrSource, AttrValue, CallSite, DType, Error, ErrorKind, OpDef, Phase, Result, TensorMut,
     TensorRef,
 };
 use std::ffi::CString;
@@ -17,11 +17,10 @@ use std::os::raw::{c_char, c_void};
 /// What a kernel instance keeps between calls.
 pub struct KernelState {
     pub op: &'static OpDef,
-    pub attrs: Attrs,
+    /// The bound attributes and the shapes inferred for recent input shapes.
+    pub site: CallSite,
     /// Per tensor argument: present (optional lists have length 1) or absent.
     pub present: Vec<bool>,
-    /// Output shapes inferred for recent input shapes (a repeated call skips inference).
-    pub cache: InferCache,
 }
 
 pub fn status_code(kind: ErrorKind) -> TF_Code {
@@ -32,11 +31,102 @@ pub fn status_code(kind: ErrorKind) -> TF_Code {
     }
 }
 
-unsafe fn attr_error(what: &str, name: &str, st: &Status) -> Error {
-    Error::invalid(format!(
-        "reading {what} attribute `{name}`: {}",
-        st.message()
-    ))
+/// A node's attributes at kernel construction.
+struct NodeAttrs(*mut TF_OpKernelConstruction);
+
+impl NodeAttrs {
+    /// Run one `TF_OpKernelConstruction_GetAttr*` call with a fresh status.
+    fn read<T>(
+        &self,
+        name: &str,
+        what: &str,
+        f: impl FnOnce(*const c_char, *mut TF_Status) -> T,
+    ) -> Result<T> {
+        let c = CString::new(name).map_err(|_| Error::internal("attr name"))?;
+        let st = Status::new();
+        let v = f(c.as_ptr(), st.0);
+        if !st.ok() {
+            return Err(Error::invalid(format!(
+                "reading {what}attribute `{name}`: {}",
+                st.message()
+            )));
+        }
+        Ok(v)
+    }
+}
+
+impl AttrSource for NodeAttrs {
+    fn get(&mut self, name: &str, ty: &ArgType) -> Result<Option<AttrValue>> {
+        let ctx = self.0;
+        // SAFETY (every call below): `ctx` is the live construction context of this kernel,
+        // names are NUL-terminated, and out-buffers have the sizes TF reported.
+        let (list, total) = match ty {
+            ArgType::Str | ArgType::IntList | ArgType::FloatList => {
+                self.read(name, "the size of ", |n, st| {
+                    let (mut list, mut total) = (0i32, 0i32);
+                    unsafe {
+                        TF_OpKernelConstruction_GetAttrSize(ctx, n, &mut list, &mut total, st)
+                    };
+                    (list.max(0) as usize, total.max(0) as usize)
+                })?
+            }
+            _ => (0, 0),
+        };
+        self.read(name, "", |n, st| unsafe {
+            Some(match ty {
+                ArgType::Int => {
+                    let mut v = 0i64;
+                    TF_OpKernelConstruction_GetAttrInt64(ctx, n, &mut v, st);
+                    AttrValue::Int(v)
+                }
+                ArgType::Float => {
+                    let mut v = 0f32;
+                    TF_OpKernelConstruction_GetAttrFloat(ctx, n, &mut v, st);
+                    AttrValue::Float(widen_f32_attr(v))
+                }
+                ArgType::Bool => {
+                    let mut v: TF_Bool = 0;
+                    TF_OpKernelConstruction_GetAttrBool(ctx, n, &mut v, st);
+                    AttrValue::Bool(v != 0)
+                }
+                ArgType::Str => {
+                    let mut buf = vec![0u8; total + 1];
+                    TF_OpKernelConstruction_GetAttrString(
+                        ctx,
+                        n,
+                        buf.as_mut_ptr() as *mut c_char,
+                        total,
+                        st,
+                    );
+                    buf.truncate(total);
+                    AttrValue::Str(String::from_utf8_lossy(&buf).into_owned())
+                }
+                ArgType::IntList => {
+                    let mut buf = vec![0i64; list];
+                    TF_OpKernelConstruction_GetAttrInt64List(
+                        ctx,
+                        n,
+                        buf.as_mut_ptr(),
+                        list as i32,
+                        st,
+                    );
+                    AttrValue::IntList(buf)
+                }
+                ArgType::FloatList => {
+                    let mut buf = vec![0f32; list];
+                    TF_OpKernelConstruction_GetAttrFloatList(
+                        ctx,
+                        n,
+                        buf.as_mut_ptr(),
+                        list as i32,
+                        st,
+                    );
+                    AttrValue::FloatList(buf.into_iter().map(widen_f32_attr).collect())
+                }
+                ArgType::Tensor | ArgType::OptionalTensor => return None,
+            })
+        })
+    }
 }
 
 /// Read the op's attributes from the node and bind them.
@@ -44,101 +134,15 @@ pub unsafe fn read_attrs(
     op: &'static OpDef,
     ctx: *mut TF_OpKernelConstruction,
 ) -> Result<KernelState> {
-    let mut given: Vec<(&str, AttrValue)> = Vec::new();
-    for a in op.schema.attr_args() {
-        let name = CString::new(a.name.as_str()).map_err(|_| Error::internal("attr name"))?;
-        let st = Status::new();
-        let v = match a.ty {
-            ArgType::Int => {
-                let mut v = 0i64;
-                unsafe { TF_OpKernelConstruction_GetAttrInt64(ctx, name.as_ptr(), &mut v, st.0) };
-                AttrValue::Int(v)
-            }
-            ArgType::Float => {
-                let mut v = 0f32;
-                unsafe { TF_OpKernelConstruction_GetAttrFloat(ctx, name.as_ptr(), &mut v, st.0) };
-                AttrValue::Float(widen_f32_attr(v))
-            }
-            ArgType::Bool => {
-                let mut v: TF_Bool = 0;
-                unsafe { TF_OpKernelConstruction_GetAttrBool(ctx, name.as_ptr(), &mut v, st.0) };
-                AttrValue::Bool(v != 0)
-            }
-            ArgType::Str | ArgType::IntList | ArgType::FloatList => {
-                let (mut list, mut total) = (0i32, 0i32);
-                unsafe {
-                    TF_OpKernelConstruction_GetAttrSize(
-                        ctx,
-                        name.as_ptr(),
-                        &mut list,
-                        &mut total,
-                        st.0,
-                    )
-                };
-                if !st.ok() {
-                    return Err(unsafe { attr_error("the size of", &a.name, &st) });
-                }
-                match a.ty {
-                    ArgType::Str => {
-                        let mut buf = vec![0u8; total.max(0) as usize + 1];
-                        unsafe {
-                            TF_OpKernelConstruction_GetAttrString(
-                                ctx,
-                                name.as_ptr(),
-                                buf.as_mut_ptr() as *mut c_char,
-                                total.max(0) as usize,
-                                st.0,
-                            )
-                        };
-                        buf.truncate(total.max(0) as usize);
-                        AttrValue::Str(String::from_utf8_lossy(&buf).into_owned())
-                    }
-                    ArgType::IntList => {
-                        let mut buf = vec![0i64; list.max(0) as usize];
-                        unsafe {
-                            TF_OpKernelConstruction_GetAttrInt64List(
-                                ctx,
-                                name.as_ptr(),
-                                buf.as_mut_ptr(),
-                                list,
-                                st.0,
-                            )
-                        };
-                        AttrValue::IntList(buf)
-                    }
-                    _ => {
-                        let mut buf = vec![0f32; list.max(0) as usize];
-                        unsafe {
-                            TF_OpKernelConstruction_GetAttrFloatList(
-                                ctx,
-                                name.as_ptr(),
-                                buf.as_mut_ptr(),
-                                list,
-                                st.0,
-                            )
-                        };
-                        AttrValue::FloatList(buf.into_iter().map(widen_f32_attr).collect())
-                    }
-                }
-            }
-            ArgType::Tensor | ArgType::OptionalTensor => unreachable!(),
-        };
-        if !st.ok() {
-            return Err(unsafe { attr_error("", &a.name, &st) });
-        }
-        given.push((a.name.as_str(), v));
-    }
-    let attrs = op.bind_attrs(given)?;
+    let mut src = NodeAttrs(ctx);
+    let attrs = op.decode_attrs(&mut src)?;
     let mut present = Vec::new();
     for a in op.schema.tensor_args() {
         if a.ty == ArgType::OptionalTensor {
-            let name = CString::new(count_attr(&a.name)).map_err(|_| Error::internal("name"))?;
-            let st = Status::new();
-            let mut n = 0i64;
-            unsafe { TF_OpKernelConstruction_GetAttrInt64(ctx, name.as_ptr(), &mut n, st.0) };
-            if !st.ok() {
-                return Err(unsafe { attr_error("", &count_attr(&a.name), &st) });
-            }
+            let n = match src.get(&count_attr(&a.name), &ArgType::Int)? {
+                Some(AttrValue::Int(n)) => n,
+                _ => 0,
+            };
             if n > 1 {
                 return Err(Error::invalid(format!(
                     "optional input `{}` takes a list of 0 or 1 tensors, got {n}",
@@ -153,9 +157,8 @@ pub unsafe fn read_attrs(
     }
     Ok(KernelState {
         op,
-        attrs,
+        site: CallSite::new(attrs),
         present,
-        cache: InferCache::new(),
     })
 }
 
@@ -184,71 +187,56 @@ unsafe fn input_view<'a>(t: *mut TF_Tensor) -> Result<TensorRef<'a>> {
     Ok(unsafe { TensorRef::from_raw(dtype, shape, strides, ptr) })
 }
 
-unsafe fn allocate(
+/// Outputs allocated by TF (`TF_AllocateOutput`); the handles are released on drop, the
+/// tensors stay in the context.
+struct TfOutputs {
     ctx: *mut TF_OpKernelContext,
-    keep: &mut Tensors,
-    index: usize,
-    dtype: DType,
-    shape: &[usize],
-) -> Result<TensorMut<'static>> {
-    // Dims on the stack for the usual ranks (this runs on every call).
-    let mut small = [0i64; 8];
-    let heap: Vec<i64>;
-    let dims: &[i64] = if shape.len() <= small.len() {
-        for (d, &s) in small.iter_mut().zip(shape) {
-            *d = s as i64;
-        }
-        &small[..shape.len()]
-    } else {
-        heap = shape.iter().map(|&d| d as i64).collect();
-        &heap
-    };
-    let st = Status::new();
-    let t = unsafe {
-        TF_AllocateOutput(
-            ctx,
-            index as i32,
-            dtype_to_tf(dtype),
-            dims.as_ptr(),
-            dims.len() as i32,
-            numel(shape) * dtype.size(),
-            st.0,
-        )
-    };
-    if !st.ok() || t.is_null() {
-        return Err(Error::internal(format!(
-            "TF_AllocateOutput({index}, {shape:?}) failed: {}",
-            st.message()
-        )));
-    }
-    keep.0.push(t);
-    let ptr = unsafe { TF_TensorData(t) } as *mut u8;
-    // SAFETY: TF allocated a dense buffer of this shape and dtype for output `index`.
-    Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr) })
+    keep: Tensors,
 }
 
-struct TfAllocator<'k> {
-    ctx: *mut TF_OpKernelContext,
-    keep: &'k mut Tensors,
-    done: Vec<bool>,
-}
-
-impl<'a> OutputAllocator<'a> for TfAllocator<'_> {
+impl<'a> OutputAllocator<'a> for TfOutputs {
     fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>> {
-        if self.done.get(index).copied().unwrap_or(true) {
+        // Dims on the stack for the usual ranks (this runs on every call).
+        let mut small = [0i64; 8];
+        let heap: Vec<i64>;
+        let dims: &[i64] = if shape.len() <= small.len() {
+            for (d, &s) in small.iter_mut().zip(shape) {
+                *d = s as i64;
+            }
+            &small[..shape.len()]
+        } else {
+            heap = shape.iter().map(|&d| d as i64).collect();
+            &heap
+        };
+        let st = Status::new();
+        // SAFETY: the kernel context is live for the compute call that made `self`; the byte
+        // size was overflow-checked by kernel-core's call path.
+        let t = unsafe {
+            TF_AllocateOutput(
+                self.ctx,
+                index as i32,
+                dtype_to_tf(dtype),
+                dims.as_ptr(),
+                dims.len() as i32,
+                numel(shape) * dtype.size(),
+                st.0,
+            )
+        };
+        if !st.ok() || t.is_null() {
             return Err(Error::internal(format!(
-                "output {index} allocated twice or out of range"
+                "TF_AllocateOutput({index}, {shape:?}) failed: {}",
+                st.message()
             )));
         }
-        self.done[index] = true;
-        // SAFETY: the context outlives the compute call.
-        unsafe { allocate(self.ctx, self.keep, index, dtype, shape) }
+        self.keep.0.push(t);
+        // SAFETY: TF allocated a dense buffer of this shape and dtype for output `index`.
+        Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, TF_TensorData(t) as *mut u8) })
     }
 }
 
 /// One compute call.
 pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<()> {
-    let op = st.op;
+    // SAFETY: `ctx` is the live context of this compute call.
     let n = unsafe { TF_NumInputs(ctx) } as usize;
     let expected = st.present.iter().filter(|p| **p).count();
     if n != expected {
@@ -260,6 +248,7 @@ pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<
     let s = Status::new();
     for i in 0..n {
         let mut t: *mut TF_Tensor = std::ptr::null_mut();
+        // SAFETY: i < the context's input count.
         unsafe { TF_GetInput(ctx, i as i32, &mut t, s.0) };
         if !s.ok() || t.is_null() {
             return Err(Error::internal(format!(
@@ -269,48 +258,28 @@ pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<
         }
         ins.0.push(t);
     }
-    let mut views: Vec<Option<TensorRef>> = Vec::with_capacity(st.present.len());
-    let mut flat = 0;
-    for &p in &st.present {
-        if p {
-            views.push(Some(unsafe { input_view(ins.0[flat])? }));
-            flat += 1;
-        } else {
-            views.push(None);
-        }
-    }
-    let specs = op.infer_concrete_cached(&st.cache, &views, &st.attrs)?;
-    let pool = default_pool();
-    let mut outs = Tensors(Vec::new());
-    if op.flags.data_dependent_shape {
-        let mut alloc = TfAllocator {
-            ctx,
-            keep: &mut outs,
-            done: vec![false; specs.len()],
-        };
-        let mut none: [TensorMut; 0] = [];
-        {
-            let mut kctx =
-                KernelCtx::new(op, &views, &mut none, &st.attrs, pool).with_allocator(&mut alloc);
-            op.compute(&mut kctx)?;
-        }
-        if let Some(i) = alloc.done.iter().position(|d| !d) {
-            return Err(Error::internal(format!(
-                "kernel did not allocate output {i}"
-            )));
-        }
-        return Ok(());
-    }
-    let mut out_views = Vec::with_capacity(specs.len());
-    for (i, s) in specs.iter().enumerate() {
-        let shape = s
-            .shape
-            .as_deref()
-            .ok_or_else(|| Error::internal("shape inference left a dim unknown"))?;
-        out_views.push(unsafe { allocate(ctx, &mut outs, i, s.dtype, shape)? });
-    }
-    let mut kctx = KernelCtx::new(op, &views, &mut out_views, &st.attrs, pool);
-    op.compute(&mut kctx)
+    let mut flat = ins.0.iter();
+    let views = st
+        .present
+        .iter()
+        // SAFETY: each handle is a live input tensor of this call.
+        .map(|&p| {
+            p.then(|| unsafe { input_view(*flat.next().expect("counted")) })
+                .transpose()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut outs = TfOutputs {
+        ctx,
+        keep: Tensors(Vec::new()),
+    };
+    call::run(
+        st.op,
+        &views,
+        &st.site,
+        &mut outs,
+        default_pool(),
+        Phase::Compute,
+    )
 }
 
 pub unsafe extern "C" fn compute_tramp(state: *mut c_void, ctx: *mut TF_OpKernelContext) {

@@ -5,12 +5,10 @@
 
 use crate::ffi::{self, AtenTensorHandle, StableIValue};
 use crate::pool::TorchPool;
-use kernel_core::op::{InferCache, OutSpec};
+use kernel_core::op::OutputAllocator;
 use kernel_core::schema::ArgType;
-use kernel_core::{
-    AttrValue, Attrs, DType, Error, KernelCtx, OpDef, OutputAllocator, Result, TensorMut, TensorRef,
-};
-use std::sync::{Arc, Mutex, OnceLock};
+use kernel_core::{AttrValue, CallSites, DType, Error, OpDef, Phase, Result, TensorMut, TensorRef};
+use std::sync::OnceLock;
 
 /// An owning tensor handle, deleted on drop.
 pub(crate) struct Tensor(AtenTensorHandle);
@@ -354,43 +352,35 @@ fn decode_one(ty: &ArgType, v: StableIValue) -> Result<Decoded> {
     })
 }
 
-/// Data-dependent outputs (nonzero): allocated by torch once the kernel knows their shape.
-struct TorchAllocator {
+/// Outputs allocated by torch (`empty_strided` on the inputs' device), kept as owning handles
+/// until they are pushed on the stack.
+struct TorchOutputs {
     device: (i32, i32),
-    outputs: Vec<Option<Tensor>>,
+    outputs: Vec<Tensor>,
 }
 
-impl<'a> OutputAllocator<'a> for TorchAllocator {
+impl<'a> OutputAllocator<'a> for TorchOutputs {
     fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>> {
-        let slot = self
-            .outputs
-            .get_mut(index)
-            .ok_or_else(|| Error::internal(format!("no output {index}")))?;
+        if index != self.outputs.len() {
+            return Err(Error::internal(format!(
+                "output {index} allocated out of order"
+            )));
+        }
         let t = empty(dtype, shape, self.device)?;
         let p = data_ptr(&t)?;
-        *slot = Some(t);
-        // SAFETY: a fresh contiguous torch tensor owned by `self` until pushed on the stack.
+        self.outputs.push(t);
+        // SAFETY: a fresh contiguous torch tensor (null data on meta, never written), owned
+        // by `self` until pushed on the stack.
         Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, p) })
     }
 }
 
-/// Per registered op: which outputs alias an input (`Tensor(a!)` returns), and the attribute
-/// sets seen recently, each bound once and with its own shape-inference cache, so that a
-/// repeated call skips binding and inference.
+/// Per registered op: which outputs alias an input (`Tensor(a!)` returns), and its call sites
+/// (attributes bound once per distinct attribute set, each with its inference cache).
 pub(crate) struct OpState {
     pub op: &'static OpDef,
     alias_of: Vec<Option<usize>>,
-    sites: Mutex<Vec<Arc<AttrSite>>>,
-}
-
-/// Attribute sets remembered per op (oldest dropped first).
-const ATTR_SITES: usize = 16;
-
-struct AttrSite {
-    /// The attribute values as they came off the stack (schema order, every attribute).
-    given: Vec<AttrValue>,
-    attrs: Attrs,
-    infer: InferCache,
+    sites: CallSites,
 }
 
 impl OpState {
@@ -410,35 +400,8 @@ impl OpState {
         OpState {
             op,
             alias_of,
-            sites: Mutex::new(Vec::new()),
+            sites: CallSites::new(),
         }
-    }
-
-    /// The bound attributes for these stack values (bound on first sight).
-    fn site(&self, given: Vec<(&'static str, AttrValue)>) -> Result<Arc<AttrSite>> {
-        let lock = || self.sites.lock().unwrap_or_else(|e| e.into_inner());
-        {
-            let sites = lock();
-            if let Some(site) = sites.iter().find(|s| {
-                s.given.len() == given.len()
-                    && s.given.iter().zip(&given).all(|(a, (_, b))| a.same_as(b))
-            }) {
-                return Ok(site.clone());
-            }
-        }
-        let values: Vec<AttrValue> = given.iter().map(|(_, v)| v.clone()).collect();
-        let attrs = self.op.bind_attrs(given)?;
-        let site = Arc::new(AttrSite {
-            given: values,
-            attrs,
-            infer: InferCache::new(),
-        });
-        let mut sites = lock();
-        if sites.len() >= ATTR_SITES {
-            sites.remove(0);
-        }
-        sites.push(site.clone());
-        Ok(site)
     }
 }
 
@@ -456,12 +419,16 @@ pub(crate) fn call(
         return Err(Error::internal(format!(
             "stack has {num_args} args / {num_outputs} outputs, schema `{}` disagrees",
             op.schema
-        ))
-        .in_op(op.name));
+        )));
     }
-    let (inputs, attr_values) = decode(op, stack)?;
-    let site = st.site(attr_values)?;
-    let attrs = &site.attrs;
+    let (inputs, given) = decode(op, stack)?;
+    let site = st.sites.get_or_bind(
+        |key| {
+            given.iter().for_each(|(_, v)| v.write_key(key));
+            true
+        },
+        || op.bind_attrs(given.iter().map(|(n, v)| (*n, v.clone()))),
+    )?;
 
     let mut infos: Vec<Option<Info>> = Vec::with_capacity(inputs.len());
     for (t, arg) in inputs.iter().zip(op.schema.tensor_args()) {
@@ -470,136 +437,71 @@ pub(crate) fn call(
             None => None,
         });
     }
-    let mut device: Option<(i32, i32, usize)> = None;
-    for (k, i) in infos.iter().enumerate() {
+    let mut device: Option<(i32, i32, &str)> = None;
+    for (i, arg) in infos.iter().zip(op.schema.tensor_args()) {
         let Some(i) = i else { continue };
         match device {
-            None => device = Some((i.device_type, i.device_index, k)),
+            None => device = Some((i.device_type, i.device_index, &arg.name)),
             Some((t, _, first)) if t != i.device_type => {
-                let name = |j: usize| {
-                    op.schema
-                        .tensor_args()
-                        .nth(j)
-                        .map_or(String::new(), |a| a.name.clone())
-                };
                 return Err(Error::invalid(format!(
-                    "inputs `{}` and `{}` are on different devices",
-                    name(first),
-                    name(k)
-                ))
-                .in_op(op.name));
+                    "inputs `{first}` and `{}` are on different devices",
+                    arg.name
+                )));
             }
             _ => {}
         }
     }
     let Some((dev_type, dev_index, _)) = device else {
-        return Err(Error::invalid("no tensor input").in_op(op.name));
+        return Err(Error::invalid("no tensor input"));
     };
-    let device = (dev_type, dev_index);
     let is_meta = dev_type == codes().meta;
-
     let refs: Vec<Option<TensorRef<'_>>> = infos.into_iter().map(|i| i.map(|i| i.view)).collect();
-
-    // Validate everything (dtypes, shapes, attributes) before allocating or computing.
-    let specs = op.infer_concrete_cached(&site.infer, &refs, attrs)?;
-    let alias_of = &st.alias_of;
-
-    let outputs: Vec<Tensor> = if is_meta {
-        if op.flags.data_dependent_shape {
-            return Err(Error::unsupported(
-                "data-dependent output shape: the result's size depends on the input values, \
-                 so it cannot be computed for meta/fake tensors (torch.compile, FakeTensor); \
-                 run it eagerly, or load the ops with `polyop.torch.load()`, which registers a \
-                 fake kernel giving it an unbacked symbolic size",
-            )
-            .in_op(op.name));
-        }
-        let mut outs = Vec::with_capacity(specs.len());
-        for (spec, alias) in specs.iter().zip(alias_of) {
-            outs.push(match alias {
-                Some(i) => input_handle(&inputs, *i)?.share()?,
-                None => empty(spec.dtype, concrete(op, spec)?, device)?,
-            });
-        }
-        outs
-    } else if op.flags.data_dependent_shape {
-        let mut alloc = TorchAllocator {
-            device,
-            outputs: (0..specs.len()).map(|_| None).collect(),
-        };
-        {
-            let mut none: [TensorMut; 0] = [];
-            let pool = TorchPool;
-            let mut ctx =
-                KernelCtx::new(op, &refs, &mut none, attrs, &pool).with_allocator(&mut alloc);
-            op.compute(&mut ctx)?;
-        }
-        alloc
-            .outputs
-            .into_iter()
-            .enumerate()
-            .map(|(i, o)| {
-                o.ok_or_else(|| {
-                    Error::internal(format!("kernel did not allocate output {i}")).in_op(op.name)
-                })
-            })
-            .collect::<Result<_>>()?
-    } else {
-        let pool = TorchPool;
-        let mut outs = Vec::with_capacity(specs.len());
-        let mut views = Vec::with_capacity(specs.len());
-        for spec in specs.iter() {
-            let shape = concrete(op, spec)?;
-            let t = empty(spec.dtype, shape, device)?;
-            // SAFETY: a fresh contiguous tensor, exclusively ours during the kernel.
-            views.push(unsafe { TensorMut::from_raw_contiguous(spec.dtype, shape, data_ptr(&t)?) });
-            outs.push(t);
-        }
-        {
-            let mut ctx = KernelCtx::new(op, &refs, &mut views, attrs, &pool);
-            op.compute(&mut ctx)?;
-        }
-        drop(views);
-        if alias_of.iter().all(Option::is_none) {
-            outs
-        } else {
-            // In-place results: the kernel wrote out of place; copy into the aliased input
-            // (only now, so a failed kernel leaves the input untouched) and return that input.
-            let mut final_outs = Vec::with_capacity(outs.len());
-            for (t, alias) in outs.into_iter().zip(alias_of) {
-                final_outs.push(match alias {
-                    Some(i) => {
-                        let dst = input_handle(&inputs, *i)?;
-                        // SAFETY: both handles are valid; same shape and dtype by inference.
-                        check(unsafe { ffi::aoti_torch_copy_(dst.0, t.0, 0) }, "copy_")?;
-                        dst.share()?
-                    }
-                    None => t,
-                });
-            }
-            final_outs
-        }
+    let mut outs = TorchOutputs {
+        device: (dev_type, dev_index),
+        outputs: Vec::with_capacity(op.num_outputs()),
     };
-
+    let phase = if is_meta {
+        Phase::ShapesOnly
+    } else {
+        Phase::Compute
+    };
+    kernel_core::call::run(op, &refs, &site, &mut outs, &TorchPool, phase).map_err(|e| {
+        if is_meta && op.flags.data_dependent_shape {
+            Error::unsupported(format!(
+                "{} (torch.compile, FakeTensor): run it eagerly, or load the ops with \
+                 `polyop.torch.load()`, which registers a fake kernel giving it an unbacked \
+                 symbolic size",
+                e.message
+            ))
+        } else {
+            e
+        }
+    })?;
     drop(refs);
+    // In-place results: the kernel wrote out of place; copy into the aliased input (only now,
+    // so a failed kernel leaves the input untouched) and return that input (on meta, just
+    // return the input).
+    let mut outputs = Vec::with_capacity(outs.outputs.len());
+    for (t, alias) in outs.outputs.into_iter().zip(&st.alias_of) {
+        outputs.push(match alias {
+            None => t,
+            Some(i) => {
+                let dst = inputs
+                    .get(*i)
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| Error::internal(format!("aliased input {i} is absent")))?;
+                if !is_meta {
+                    // SAFETY: both handles are valid; same shape and dtype by inference.
+                    check(unsafe { ffi::aoti_torch_copy_(dst.0, t.0, 0) }, "copy_")?;
+                }
+                dst.share()?
+            }
+        });
+    }
     for (j, t) in outputs.into_iter().enumerate() {
         // SAFETY: the stack has max(num_args, num_outputs) entries; inputs were consumed.
         unsafe { *stack.add(j) = t.into_raw() as usize as StableIValue };
     }
     drop(inputs);
     Ok(())
-}
-
-fn input_handle(inputs: &[Option<Tensor>], i: usize) -> Result<&Tensor> {
-    inputs
-        .get(i)
-        .and_then(Option::as_ref)
-        .ok_or_else(|| Error::internal(format!("aliased input {i} is absent")))
-}
-
-fn concrete<'s>(op: &OpDef, spec: &'s OutSpec) -> Result<&'s [usize]> {
-    spec.shape.as_deref().ok_or_else(|| {
-        Error::internal("shape inference left a dimension unknown for concrete inputs")
-            .in_op(op.name)
-    })
 }

@@ -5,10 +5,10 @@
 
 use crate::ffi_sys as sys;
 use crate::pool::XlaPool;
-use kernel_core::op::InferCache;
+use kernel_core::call::{self, Preallocated};
 use kernel_core::{
-    default_pool, AttrValue, DType, Error, ErrorKind, KernelCtx, OpDef, Registry, Result,
-    TensorMut, TensorRef, ThreadPool,
+    default_pool, AttrValue, CallSites, DType, Error, ErrorKind, OpDef, Phase, Registry, Result,
+    TensorRef, ThreadPool,
 };
 use std::ffi::CString;
 
@@ -370,31 +370,20 @@ unsafe fn populate_metadata(frame: &sys::XLA_FFI_CallFrame) -> Result<bool> {
     Ok(true)
 }
 
-/// Per exported symbol: the op (looked up once) and, per distinct attribute set seen in call
-/// frames, the bound attributes and an inference cache. What makes a repeated call (the
-/// jitted-program case: same attributes, same shapes) skip the registry lookup, attribute
-/// decoding/binding and shape inference. [`export!`](crate::export) gives every handler one.
+/// Per exported symbol: the op (looked up once) and its call sites (attributes bound once per
+/// distinct attribute set, keyed by their raw call-frame bytes, each with an inference cache).
+/// What makes a repeated call (the jitted-program case) skip the registry lookup, attribute
+/// decoding and binding, and shape inference. [`export!`](crate::export) gives every handler one.
 pub struct OpState {
     op: std::sync::OnceLock<&'static OpDef>,
-    calls: std::sync::Mutex<Vec<std::sync::Arc<CallSite>>>,
-}
-
-/// Attribute sets remembered per op (oldest dropped first).
-const CALL_SITES: usize = 32;
-
-/// One attribute set: its raw encoding in the call frame, bound, and the shapes inferred
-/// for recent input shapes under it.
-struct CallSite {
-    key: Vec<u8>,
-    attrs: kernel_core::Attrs,
-    infer: InferCache,
+    sites: CallSites,
 }
 
 impl OpState {
     pub const fn new() -> Self {
         OpState {
             op: std::sync::OnceLock::new(),
-            calls: std::sync::Mutex::new(Vec::new()),
+            sites: CallSites::new(),
         }
     }
 
@@ -404,59 +393,6 @@ impl OpState {
         }
         let op = registry.lookup(name)?;
         Ok(*self.op.get_or_init(|| op))
-    }
-
-    /// The call site for the frame's attributes, binding them on first sight.
-    unsafe fn call_site(
-        &self,
-        op: &OpDef,
-        attrs: &sys::XLA_FFI_Attrs,
-    ) -> Result<std::sync::Arc<CallSite>> {
-        let lock = || self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        // Frames whose attributes cannot be keyed (dictionaries, odd dtypes) are decoded
-        // every time; decoding reports what is wrong with them.
-        let keyable = unsafe { attrs_key(attrs, &mut |_| true) };
-        if keyable {
-            let sites = lock();
-            if let Some(site) = sites.iter().find(|site| {
-                let mut rest: &[u8] = &site.key;
-                let same = unsafe {
-                    attrs_key(attrs, &mut |chunk| match rest.strip_prefix(chunk) {
-                        Some(r) => {
-                            rest = r;
-                            true
-                        }
-                        None => false,
-                    })
-                };
-                same && rest.is_empty()
-            }) {
-                return Ok(site.clone());
-            }
-        }
-        let bound = unsafe { decode_attrs(op, attrs)? };
-        let mut key = Vec::new();
-        if keyable {
-            unsafe {
-                attrs_key(attrs, &mut |chunk| {
-                    key.extend_from_slice(chunk);
-                    true
-                })
-            };
-        }
-        let site = std::sync::Arc::new(CallSite {
-            key,
-            attrs: bound,
-            infer: InferCache::new(),
-        });
-        if keyable {
-            let mut sites = lock();
-            if sites.len() >= CALL_SITES {
-                sites.remove(0);
-            }
-            sites.push(site.clone());
-        }
-        Ok(site)
     }
 }
 
@@ -588,18 +524,16 @@ pub unsafe fn handle_with(
     if frame.is_null() {
         return std::ptr::null_mut();
     }
+    // SAFETY: a non-null frame from XLA (this function's contract).
     let api = unsafe { (*frame).api };
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-        handle_inner(registry, op_name, state, frame)
-    }));
-    let r = match r {
-        Ok(r) => r,
-        Err(p) => Err(Error::from_panic(op_name, p)),
-    };
-    match r {
-        Ok(()) => std::ptr::null_mut(),
-        Err(e) => unsafe { make_error(api, &e.in_op(op_name)) },
-    }
+    call::boundary(
+        op_name,
+        std::ptr::null_mut(),
+        // SAFETY: as above.
+        || unsafe { handle_inner(registry, op_name, state, frame) },
+        // SAFETY: `api` is the frame's API table (checked before use by make_error).
+        |e| unsafe { make_error(api, &e) },
+    )
 }
 
 unsafe fn handle_inner(
@@ -638,53 +572,46 @@ unsafe fn handle_inner(
         ));
     }
     let inputs = unsafe { decode_inputs(op, &f.args)? };
-    let site = unsafe { state.call_site(op, &f.attrs)? };
-    let attrs = &site.attrs;
-    let specs = op.infer_concrete_cached(&site.infer, &inputs, attrs)?;
-
+    let site = state.sites.get_or_bind(
+        // SAFETY: the frame's attributes are valid for the call.
+        |key| unsafe {
+            attrs_key(&f.attrs, &mut |chunk| {
+                key.extend_from_slice(chunk);
+                true
+            })
+        },
+        // SAFETY: as above.
+        || unsafe { decode_attrs(op, &f.attrs) },
+    )?;
     // Outputs: XLA pre-allocated them; they must be exactly what kernel-core infers.
     let rets = &f.rets;
-    if rets.size as usize != op.num_outputs() {
-        return Err(Error::invalid(format!(
-            "expected {} result(s), the call declares {}",
-            op.num_outputs(),
-            rets.size
-        )));
-    }
-    let mut outputs: Vec<TensorMut> = Vec::with_capacity(specs.len());
-    for (i, spec) in specs.iter().enumerate() {
-        let ty = unsafe { *rets.types.add(i) };
-        if ty != sys::XLA_FFI_RetType_XLA_FFI_RetType_BUFFER {
+    let mut buffers = Vec::with_capacity(rets.size.max(0) as usize);
+    for i in 0..rets.size.max(0) as usize {
+        // SAFETY: i < rets.size, arrays of that length.
+        if unsafe { *rets.types.add(i) } != sys::XLA_FFI_RetType_XLA_FFI_RetType_BUFFER {
             return Err(Error::invalid(format!("result {i} is not a buffer")));
         }
-        let name = || op.schema.output_name(i);
-        let b = unsafe { decode_buffer(*rets.rets.add(i), || format!("result `{}`", name()))? };
-        let want = spec
-            .shape
-            .as_deref()
-            .ok_or_else(|| Error::internal("shape inference left a dim unknown"))?;
-        if b.xla_dtype != dtype_to_xla(spec.dtype) || b.dims != want {
-            return Err(Error::invalid(format!(
-                "result `{}` was declared as {}{:?} but the op produces {}{:?} \
-                 (declare result shapes with polyop.infer / polyop.jax)",
+        let name = || format!("result `{}`", op.schema.output_name(i));
+        // SAFETY: as above.
+        let b = unsafe { decode_buffer(*rets.rets.add(i), name)? };
+        let dtype = dtype_from_xla(b.xla_dtype).ok_or_else(|| {
+            Error::invalid(format!(
+                "{} has unsupported dtype {}",
                 name(),
-                xla_dtype_name(b.xla_dtype),
-                b.dims,
-                spec.dtype,
-                want
-            )));
-        }
-        // SAFETY: XLA allocated this dense row-major buffer for the call's duration.
-        outputs.push(unsafe { TensorMut::from_raw_contiguous(spec.dtype, &b.dims, b.data) });
+                xla_dtype_name(b.xla_dtype)
+            ))
+        })?;
+        buffers.push((dtype, b.dims, b.data));
     }
-
+    // SAFETY: XLA allocated each result buffer, dense row-major, for the call's duration.
+    let mut outputs = unsafe { Preallocated::new(op, buffers)? };
+    // SAFETY: api and ctx come from the live frame.
     let xla_pool = unsafe { XlaPool::from_call(f.api, f.ctx) };
     let pool: &dyn ThreadPool = match &xla_pool {
         Some(p) => p,
         None => default_pool(),
     };
-    let mut ctx = KernelCtx::new(op, &inputs, &mut outputs, attrs, pool);
-    op.compute(&mut ctx)
+    call::run(op, &inputs, &site, &mut outputs, pool, Phase::Compute)
 }
 
 unsafe fn decode_inputs<'a>(

@@ -96,20 +96,8 @@ macro_rules! export_xla_handlers {
 #[doc(hidden)]
 pub use polyop_export as __polyop_export;
 
-// The stock kernel library (SPEC §3), forward and backward ops, built through the same macro
-// an author uses. In-place ops (`relu_`) are torch-only and not listed; `nonzero` is exported
-// so the raw target refuses cleanly.
+// The stock kernel library (SPEC §3), built through the same macro an author uses, with the
+// op names from the kernel library (in-place ops are torch-only; `nonzero` is exported so the
+// raw target refuses cleanly).
 #[cfg(feature = "stock")]
-export!(prefix = "polyop_", registry = polyop_kernels::registry();
-    negate,
-    add, add_backward,
-    scale,
-    relu, relu_backward,
-    add_relu, add_relu_backward,
-    gelu, gelu_backward,
-    softmax, softmax_backward,
-    rms_norm, rms_norm_backward,
-    topk, topk_backward,
-    conv2d, conv2d_backward,
-    nonzero,
-);
+polyop_kernels::with_out_of_place_op_names!(export { prefix = "polyop_", registry = polyop_kernels::registry(); });

@@ -10,8 +10,7 @@
 //! The shared state is reference-counted, so such a late helper never sees freed memory.
 
 use crate::ffi_sys as sys;
-use kernel_core::ThreadPool;
-use std::any::Any;
+use kernel_core::{PanicSlot, ThreadPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -84,7 +83,7 @@ struct Shared {
     /// Lifetime-erased task closure; only dereferenced after claiming an index `< n`, and the
     /// caller waits for every claimed index to finish before the closure goes away.
     f: *const (dyn Fn(usize) + Sync),
-    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    panics: PanicSlot,
     lock: Mutex<()>,
     cv: Condvar,
 }
@@ -101,10 +100,7 @@ impl Shared {
             }
             // SAFETY: i < n was claimed, so the caller is still waiting for it (see `f`).
             let f = unsafe { &*self.f };
-            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
-                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
-                slot.get_or_insert(p);
-            }
+            self.panics.catch(|| f(i));
             if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
                 let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
                 self.cv.notify_all();
@@ -145,7 +141,7 @@ impl ThreadPool for XlaPool {
             done: AtomicUsize::new(0),
             n: num_tasks,
             f: f_static,
-            panic: Mutex::new(None),
+            panics: PanicSlot::new(),
             lock: Mutex::new(()),
             cv: Condvar::new(),
         });
@@ -179,14 +175,7 @@ impl ThreadPool for XlaPool {
                 g = shared.cv.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         }
-        let p = shared
-            .panic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(p) = p {
-            std::panic::resume_unwind(p);
-        }
+        shared.panics.resume();
     }
     fn num_threads(&self) -> usize {
         match self.threads() {

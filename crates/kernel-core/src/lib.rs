@@ -8,6 +8,7 @@
 //! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries.
 
 pub mod attrs;
+pub mod call;
 pub mod dtype;
 pub mod error;
 pub mod exec;
@@ -17,6 +18,7 @@ pub mod schema;
 pub mod tensor;
 
 pub use attrs::{widen_f32_attr, AttrValue, Attrs};
+pub use call::{AttrSource, CallSite, CallSites, Phase};
 pub use dtype::{DType, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, Result};
 pub use op::{

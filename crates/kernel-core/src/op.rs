@@ -189,6 +189,9 @@ pub struct OpDef {
     pub camel_name: String,
     /// ONNX's conventional spelling when it differs from `camel_name` (`TopK`, `NonZero`).
     pub onnx_name: Option<&'static str>,
+    /// Int attributes that name an axis of the first tensor input (Python style, negative
+    /// from the end): what batching rules (JAX vmap) must keep pointing at the same axis.
+    pub axis_attrs: Vec<&'static str>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -226,6 +229,7 @@ pub struct OpBuilder {
     backward: Option<Backward>,
     flags: OpFlags,
     onnx_name: Option<&'static str>,
+    axis_attrs: Vec<&'static str>,
 }
 
 impl OpDef {
@@ -240,6 +244,7 @@ impl OpDef {
             backward: None,
             flags: OpFlags::default(),
             onnx_name: None,
+            axis_attrs: Vec::new(),
         }
     }
 
@@ -407,12 +412,16 @@ pub const INFER_CACHE_ENTRIES: usize = 8;
 
 /// Remembers the results of the last few successful concrete shape inferences of one op, so a
 /// call with the same input dtypes/shapes and attributes as a recent one skips validation and
-/// the shape function (both pure functions of exactly those). Adapters keep one per kernel
-/// instance (ONNX Runtime, TensorFlow) or per exported op (XLA, torch). Thread-safe; a
-/// contended cache is bypassed rather than waited for. Errors are never cached.
-#[derive(Default)]
+/// the shape function (both pure functions of exactly those). Part of every
+/// [`CallSite`](crate::call::CallSite). Errors are never cached.
 pub struct InferCache {
-    entries: std::sync::Mutex<Vec<CacheEntry>>,
+    entries: crate::call::Bounded<CacheEntry>,
+}
+
+impl Default for InferCache {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 struct CacheEntry {
@@ -437,10 +446,8 @@ fn key_matches(key: &[usize], inputs: &[Option<TensorRef>]) -> bool {
                 if k.next() != Some(&(t.dtype as usize)) || k.next() != Some(&t.shape.len()) {
                     return false;
                 }
-                for d in &t.shape {
-                    if k.next() != Some(d) {
-                        return false;
-                    }
+                if !t.shape.iter().all(|d| k.next() == Some(d)) {
+                    return false;
                 }
             }
         }
@@ -464,16 +471,15 @@ fn make_key(inputs: &[Option<TensorRef>]) -> Vec<usize> {
 }
 
 impl InferCache {
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        InferCache {
+            entries: crate::call::Bounded::new(INFER_CACHE_ENTRIES),
+        }
     }
-    /// The entries, unless another thread holds them (then the cache is bypassed). Entries are
-    /// only ever pushed whole, so a poisoned lock still guards consistent data.
-    fn lock(&self) -> Option<std::sync::MutexGuard<'_, Vec<CacheEntry>>> {
-        match self.entries.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
+    /// A cache that remembers nothing (for one-off calls).
+    pub const fn disabled() -> Self {
+        InferCache {
+            entries: crate::call::Bounded::new(0),
         }
     }
 }
@@ -494,13 +500,11 @@ impl OpDef {
         inputs: &[Option<TensorRef>],
         attrs: &Attrs,
     ) -> Result<std::sync::Arc<[OutSpec]>> {
-        if let Some(entries) = cache.lock() {
-            if let Some(e) = entries
-                .iter()
-                .find(|e| key_matches(&e.key, inputs) && e.attrs.same_as(attrs))
-            {
-                return Ok(e.out.clone());
-            }
+        let hit = cache.entries.find_map(|e| {
+            (key_matches(&e.key, inputs) && e.attrs.same_as(attrs)).then(|| e.out.clone())
+        });
+        if let Some(out) = hit {
+            return Ok(out);
         }
         let out: std::sync::Arc<[OutSpec]> = self
             .infer_concrete(inputs, attrs)?
@@ -510,16 +514,11 @@ impl OpDef {
                 shape: s.concrete(),
             })
             .collect();
-        if let Some(mut entries) = cache.lock() {
-            if entries.len() >= INFER_CACHE_ENTRIES {
-                entries.remove(0);
-            }
-            entries.push(CacheEntry {
-                key: make_key(inputs),
-                attrs: attrs.clone(),
-                out: out.clone(),
-            });
-        }
+        cache.entries.insert_with(|| CacheEntry {
+            key: make_key(inputs),
+            attrs: attrs.clone(),
+            out: out.clone(),
+        });
         Ok(out)
     }
 }
@@ -577,6 +576,11 @@ impl OpBuilder {
         self.onnx_name = Some(name);
         self
     }
+    /// Int attribute `name` selects an axis of the first tensor input.
+    pub fn axis_attr(mut self, name: &'static str) -> Self {
+        self.axis_attrs.push(name);
+        self
+    }
 
     pub fn build(self) -> Result<OpDef> {
         let schema = Schema::parse(self.schema)?;
@@ -602,6 +606,17 @@ impl OpBuilder {
                 );
             }
         }
+        for a in &self.axis_attrs {
+            if !schema
+                .attr_args()
+                .any(|x| x.name == *a && x.ty == crate::schema::ArgType::Int)
+            {
+                return Err(Error::invalid(format!(
+                    "axis attribute `{a}` is not an int attribute"
+                ))
+                .in_op(leaked));
+            }
+        }
         if !input_types.contains(&TypeRule::T) && output_types.contains(&TypeRule::T) {
             return Err(Error::invalid("an output has type T but no input binds T").in_op(leaked));
         }
@@ -622,6 +637,7 @@ impl OpBuilder {
             backward: self.backward,
             flags: self.flags,
             onnx_name: self.onnx_name,
+            axis_attrs: self.axis_attrs,
         })
     }
 }

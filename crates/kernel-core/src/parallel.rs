@@ -100,8 +100,9 @@ impl PanicSlot {
         }
     }
     /// Re-raise a kept panic on this thread.
-    pub fn resume(self) {
-        if let Some(p) = self.0.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    pub fn resume(&self) {
+        let p = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = p {
             std::panic::resume_unwind(p);
         }
     }

@@ -15,10 +15,11 @@
 //! Python glue is driven the same way by the stock library and by an author's library.
 //! Written once here, not in each adapter.
 
+use kernel_core::call::{self, Preallocated};
 use kernel_core::schema::ArgType;
 use kernel_core::{
-    catch_panic, default_pool, AttrValue, Attrs, BwdInput, DType, Error, ErrorKind, KernelCtx,
-    OpDef, Registry, TensorMut, TensorRef, TensorSpec, TypeRule,
+    catch_panic, default_pool, AttrValue, Attrs, BwdInput, CallSite, DType, Error, ErrorKind,
+    OpDef, Phase, Registry, TensorRef, TensorSpec, TypeRule,
 };
 use serde_json::{json, Map, Value};
 use std::ffi::{c_char, CStr, CString};
@@ -82,6 +83,11 @@ pub fn op_json(op: &OpDef) -> Value {
                 "type": a.ty.schema_name(),
                 "default": a.default.as_ref().map(attr_json).unwrap_or(Value::Null),
                 "required": a.default.is_none(),
+                "role": if op.axis_attrs.contains(&a.name.as_str()) {
+                    json!("axis")
+                } else {
+                    Value::Null
+                },
             })
         })
         .collect();
@@ -336,8 +342,13 @@ pub struct PolyopTensor {
 /// on failure.
 ///
 /// # Safety
-/// Every descriptor must describe valid memory of its dtype, shape and strides for the whole
-/// call; output buffers must not alias inputs.
+/// In every descriptor, `dtype` must be null or a NUL-terminated string, `shape` must point to
+/// `ndim` readable `i64`s and `strides` be null or point to `ndim` readable `i64`s (when
+/// `ndim > 0`), and `data` must be valid memory of its dtype, shape and strides for the whole
+/// call (inputs readable and not written meanwhile, holding valid values of the dtype: `bool`
+/// bytes 0 or 1; outputs dense, writable and used by nothing else). Output buffers must not
+/// alias inputs. (A null `dtype`, a negative `ndim` other than the absent-input marker, and a
+/// negative dim are refused with an error.)
 pub unsafe fn run_raw(
     registry: &Registry,
     name: &str,
@@ -377,18 +388,38 @@ pub unsafe fn run_raw(
         Err(e) => return fail(&e, true),
     };
     let desc = |t: &PolyopTensor| -> Result<(DType, Vec<usize>, Vec<isize>), Error> {
+        if t.dtype.is_null() || t.ndim < 0 {
+            return Err(Error::invalid(format!(
+                "bad tensor descriptor (dtype null: {}, ndim {})",
+                t.dtype.is_null(),
+                t.ndim
+            ))
+            .in_op(op.name));
+        }
+        // SAFETY: `t.dtype` is not null (checked above), so by this function's contract it is
+        // a NUL-terminated string, alive for the call.
         let dname = unsafe { CStr::from_ptr(t.dtype) }.to_string_lossy();
         let dtype = DType::from_name(&dname).ok_or_else(|| {
             Error::invalid(format!("dtype {dname} is not supported by polyop")).in_op(op.name)
         })?;
         let n = t.ndim as usize;
-        let shape: Vec<usize> = (0..n)
-            .map(|i| unsafe { *t.shape.add(i) } as usize)
+        let dims: Vec<i64> = (0..n)
+            // SAFETY: `i < ndim` (non-negative, checked above), and the contract makes
+            // `shape` point to `ndim` readable i64s.
+            .map(|i| unsafe { *t.shape.add(i) })
             .collect();
+        if let Some(d) = dims.iter().find(|&&d| d < 0) {
+            return Err(
+                Error::invalid(format!("negative dim {d} in shape {dims:?}")).in_op(op.name),
+            );
+        }
+        let shape: Vec<usize> = dims.into_iter().map(|d| d as usize).collect();
         let strides: Vec<isize> = if t.strides.is_null() {
             kernel_core::contiguous_strides(&shape)
         } else {
             (0..n)
+                // SAFETY: `strides` is not null, so by the contract it points to `ndim`
+                // readable i64s, and `i < ndim`.
                 .map(|i| unsafe { *t.strides.add(i) } as isize)
                 .collect()
         };
@@ -401,6 +432,9 @@ pub unsafe fn run_raw(
             continue;
         }
         match desc(t) {
+            // SAFETY: the contract makes `t.data` valid, unwritten memory of this dtype, shape
+            // and strides (which `desc` read from the same descriptor; equal lengths, `ndim`)
+            // for the whole call, which outlives `refs`.
             Ok((d, s, st)) => refs.push(Some(unsafe { TensorRef::from_raw(d, s, st, t.data) })),
             Err(e) => return fail(&e, true),
         }
@@ -412,44 +446,23 @@ pub unsafe fn run_raw(
     if let Err(e) = op.check_inputs(&dtypes) {
         return fail(&e, true);
     }
-    let specs = match catch_panic(op.name, || op.infer_concrete(&refs, &attrs)) {
-        Ok(s) => s,
-        Err(e) => return fail(&e, false),
-    };
-    if specs.len() != outputs.len() {
-        return fail(
-            &Error::invalid(format!(
-                "expected {} output buffer(s), got {}",
-                specs.len(),
-                outputs.len()
-            ))
-            .in_op(op.name),
-            true,
-        );
-    }
-    let mut views: Vec<TensorMut> = Vec::with_capacity(outputs.len());
-    for (i, (spec, t)) in specs.iter().zip(outputs).enumerate() {
-        let (d, s, _) = match desc(t) {
-            Ok(x) => x,
+    let mut buffers = Vec::with_capacity(outputs.len());
+    for t in outputs {
+        match desc(t) {
+            Ok((d, s, _)) => buffers.push((d, s, t.data)),
             Err(e) => return fail(&e, true),
-        };
-        if Some(&s) != spec.concrete().as_ref() || d != spec.dtype {
-            return fail(
-                &Error::invalid(format!(
-                    "output {i} buffer is {} {:?}, the op produces {} {:?}",
-                    d.name(),
-                    s,
-                    spec.dtype.name(),
-                    spec.shape
-                ))
-                .in_op(op.name),
-                false,
-            );
         }
-        views.push(unsafe { TensorMut::from_raw_contiguous(d, &s, t.data) });
     }
-    let mut ctx = KernelCtx::new(op, &refs, &mut views, &attrs, default_pool());
-    op.compute(&mut ctx).or_else(|e| fail(&e, false))
+    // SAFETY: this function's contract makes each output's `data` dense, writable memory of
+    // its dtype and shape (read by `desc` from the same descriptor), used by nothing else for
+    // the whole call, which outlives `alloc`.
+    let mut alloc = match unsafe { Preallocated::new(op, buffers) } {
+        Ok(a) => a,
+        Err(e) => return fail(&e.in_op(op.name), true),
+    };
+    let site = CallSite::once(attrs);
+    call::run(op, &refs, &site, &mut alloc, default_pool(), Phase::Compute)
+        .or_else(|e| fail(&e, false))
 }
 
 /// A Rust string as a C string owned by the caller (released with [`free_string`]).
@@ -465,6 +478,8 @@ pub fn into_c_string(s: String) -> *mut c_char {
 /// `p` must come from [`into_c_string`] (or be null) and be released once.
 pub unsafe fn free_string(p: *mut c_char) {
     if !p.is_null() {
+        // SAFETY: `p` is not null, so by the contract it came from `CString::into_raw` in
+        // `into_c_string` and has not been released yet.
         drop(unsafe { CString::from_raw(p) });
     }
 }
@@ -472,11 +487,13 @@ pub unsafe fn free_string(p: *mut c_char) {
 /// Read a C string argument (null = empty).
 ///
 /// # Safety
-/// `p` must be null or a valid NUL-terminated string.
+/// `p` must be null or a valid NUL-terminated string that stays alive and unmodified for `'a`.
 pub unsafe fn arg_str<'a>(p: *const c_char) -> std::borrow::Cow<'a, str> {
     if p.is_null() {
         "".into()
     } else {
+        // SAFETY: `p` is not null, so by the contract it is a valid NUL-terminated string
+        // (alive for `'a`, the caller's choice).
         unsafe { CStr::from_ptr(p) }.to_string_lossy()
     }
 }
@@ -512,6 +529,8 @@ macro_rules! library_exports {
         pub unsafe extern "C" fn polyop_infer(
             request: *const ::std::ffi::c_char,
         ) -> *mut ::std::ffi::c_char {
+            // SAFETY: this function's contract: `request` is a valid NUL-terminated string
+            // for the whole call, which outlives `req`.
             let req = unsafe { $crate::arg_str(request) };
             let out = ::std::panic::catch_unwind(|| $crate::infer_json($registry, &req))
                 .unwrap_or_else(|_| {
@@ -524,7 +543,9 @@ macro_rules! library_exports {
         /// with `polyop_free_string`.
         ///
         /// # Safety
-        /// See `polyop_export::run_raw`.
+        /// `op` and `attrs_json` must be null or valid NUL-terminated strings; `inputs` must
+        /// point to `n_inputs` descriptors and `outputs` to `n_outputs` (either may be null
+        /// when its count is 0), each meeting the contract of `polyop_export::run_raw`.
         #[no_mangle]
         pub unsafe extern "C" fn polyop_run(
             op: *const ::std::ffi::c_char,
@@ -534,18 +555,25 @@ macro_rules! library_exports {
             outputs: *const $crate::PolyopTensor,
             n_outputs: usize,
         ) -> *mut ::std::ffi::c_char {
+            // SAFETY: this function's contract: null or a NUL-terminated string alive for the
+            // call, which outlives `op`.
             let op = unsafe { $crate::arg_str(op) };
+            // SAFETY: as for `op`.
             let attrs = unsafe { $crate::arg_str(attrs_json) };
             let ins: &[$crate::PolyopTensor] = if n_inputs == 0 {
                 &[]
             } else {
+                // SAFETY: the contract: `inputs` points to `n_inputs > 0` initialised
+                // descriptors (`PolyopTensor` is plain old data), alive for the call.
                 unsafe { ::std::slice::from_raw_parts(inputs, n_inputs) }
             };
             let outs: &[$crate::PolyopTensor] = if n_outputs == 0 {
                 &[]
             } else {
+                // SAFETY: as for `ins`.
                 unsafe { ::std::slice::from_raw_parts(outputs, n_outputs) }
             };
+            // SAFETY: the descriptors meet `run_raw`'s contract (this function's contract).
             let r = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| unsafe {
                 $crate::run_raw($registry, &op, &attrs, ins, outs)
             }));
@@ -564,6 +592,8 @@ macro_rules! library_exports {
         /// `s` must come from one of them and be released once.
         #[no_mangle]
         pub unsafe extern "C" fn polyop_free_string(s: *mut ::std::ffi::c_char) {
+            // SAFETY: this function's contract: `s` came from `into_c_string` (through
+            // `polyop_infer` / `polyop_run`), or is null, and is released once.
             unsafe { $crate::free_string(s) }
         }
     };

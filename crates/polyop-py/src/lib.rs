@@ -17,11 +17,12 @@
 //! `Unsupported`; `RuntimeError` for internal errors (including caught panics). Every message
 //! is kernel-core's Display string, `polyop.<op>: ...`.
 
-use kernel_core::exec::run_op;
+use kernel_core::call;
+use kernel_core::op::OutputAllocator;
 use kernel_core::schema::ArgType;
 use kernel_core::{
-    catch_panic, default_pool, AttrValue, Attrs, BwdInput, DType, Error, ErrorKind, KernelCtx,
-    OpDef, Registry, TensorMut, TensorRef, TensorSpec, TypeRule,
+    catch_panic, default_pool, AttrValue, Attrs, CallSite, DType, Error, ErrorKind, OpDef, Phase,
+    Registry, TensorMut, TensorRef, TensorSpec,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -57,121 +58,28 @@ fn lookup(name: &str) -> PyResult<&'static OpDef> {
 // ---------------------------------------------------------------------------------------
 // metadata
 
-fn attr_to_py(py: Python<'_>, v: &AttrValue) -> PyResult<PyObject> {
-    match v {
-        AttrValue::None => Ok(py.None()),
-        AttrValue::Int(i) => i.into_py_any(py),
-        AttrValue::Float(f) => f.into_py_any(py),
-        AttrValue::Bool(b) => b.into_py_any(py),
-        AttrValue::Str(s) => s.into_py_any(py),
-        AttrValue::IntList(l) => l.clone().into_py_any(py),
-        AttrValue::FloatList(l) => l.clone().into_py_any(py),
-    }
+/// An op's metadata dict: polyop-export's `op_json` (the same serializer every library's
+/// `polyop_library_info` uses), read by Python's `json`.
+fn op_dict<'py>(py: Python<'py>, op: &OpDef) -> PyResult<Bound<'py, PyAny>> {
+    json_to_py(py, &polyop_export::op_json(op))
 }
 
-fn rule_name(r: &TypeRule) -> &'static str {
-    match r {
-        TypeRule::T => "T",
-        TypeRule::Fixed(d) => d.name(),
-    }
-}
-
-fn op_dict<'py>(py: Python<'py>, op: &OpDef) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("name", op.name)?;
-    d.set_item("schema", op.schema.to_string())?;
-    d.set_item("doc", op.doc)?;
-
-    let inputs = PyList::empty(py);
-    for (arg, rule) in op.schema.tensor_args().zip(&op.input_types) {
-        let i = PyDict::new(py);
-        i.set_item("name", &arg.name)?;
-        i.set_item("optional", arg.ty == ArgType::OptionalTensor)?;
-        i.set_item("dtype", rule_name(rule))?;
-        i.set_item("mutable", arg.alias.as_ref().is_some_and(|a| a.write))?;
-        inputs.append(i)?;
-    }
-    d.set_item("inputs", inputs)?;
-
-    let outputs = PyList::empty(py);
-    for (i, rule) in op.output_types.iter().enumerate() {
-        let o = PyDict::new(py);
-        o.set_item("name", op.schema.output_name(i))?;
-        o.set_item("dtype", rule_name(rule))?;
-        outputs.append(o)?;
-    }
-    d.set_item("outputs", outputs)?;
-
-    let attrs = PyList::empty(py);
-    for arg in op.schema.attr_args() {
-        let a = PyDict::new(py);
-        a.set_item("name", &arg.name)?;
-        a.set_item("type", arg.ty.schema_name())?;
-        a.set_item(
-            "default",
-            match &arg.default {
-                Some(v) => attr_to_py(py, v)?,
-                None => py.None(),
-            },
-        )?;
-        a.set_item("required", arg.default.is_none())?;
-        attrs.append(a)?;
-    }
-    d.set_item("attrs", attrs)?;
-
-    d.set_item(
-        "dtypes",
-        op.dtypes.iter().map(|d| d.name()).collect::<Vec<_>>(),
-    )?;
-
-    let flags = PyDict::new(py);
-    flags.set_item("inplace", op.flags.inplace)?;
-    flags.set_item("data_dependent_shape", op.flags.data_dependent_shape)?;
-    flags.set_item("backward_only", op.flags.backward_only)?;
-    d.set_item("flags", flags)?;
-
-    match &op.backward {
-        None => d.set_item("backward", py.None())?,
-        Some(b) => {
-            let bd = PyDict::new(py);
-            bd.set_item("op", b.op)?;
-            let ins = PyList::empty(py);
-            for i in b.inputs {
-                let (kind, idx) = match i {
-                    BwdInput::Grad(j) => ("grad", *j),
-                    BwdInput::Input(j) => ("input", *j),
-                    BwdInput::Output(j) => ("output", *j),
-                };
-                ins.append(PyTuple::new(
-                    py,
-                    [kind.into_py_any(py)?, idx.into_py_any(py)?],
-                )?)?;
-            }
-            bd.set_item("inputs", ins)?;
-            bd.set_item("outputs", b.outputs.to_vec())?;
-            d.set_item("backward", bd)?;
-        }
-    }
-    d.set_item("camel_name", &op.camel_name)?;
-    d.set_item("onnx_name", op.onnx_op_type())?;
-    d.set_item("num_inputs", op.num_inputs())?;
-    d.set_item("num_outputs", op.num_outputs())?;
-    Ok(d)
+fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (v.to_string(),))
 }
 
 /// Every registered op (forward and backward) as a metadata dict, in registration order.
 #[pyfunction]
-fn ops(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
-    let l = PyList::empty(py);
-    for op in registry().ops() {
-        l.append(op_dict(py, op)?)?;
-    }
-    Ok(l)
+fn ops(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    json_to_py(
+        py,
+        &serde_json::Value::Array(registry().ops().map(polyop_export::op_json).collect()),
+    )
 }
 
 /// One op's metadata dict; ValueError (listing the known ops) for an unknown name.
 #[pyfunction]
-fn op_info<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+fn op_info<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
     op_dict(py, lookup(name)?)
 }
 
@@ -380,6 +288,36 @@ fn new_array<'py>(
     Ok((arr, ptr))
 }
 
+/// Outputs as new C-contiguous NumPy arrays the kernel writes into. Allocation takes the GIL
+/// (the kernel runs without it; data-dependent kernels allocate from inside).
+#[derive(Default)]
+struct NumpyOutputs {
+    arrays: Vec<Py<PyAny>>,
+}
+
+impl<'a> OutputAllocator<'a> for NumpyOutputs {
+    fn allocate(
+        &mut self,
+        index: usize,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<TensorMut<'a>, Error> {
+        if index != self.arrays.len() {
+            return Err(Error::internal(format!(
+                "output {index} allocated out of order"
+            )));
+        }
+        Python::with_gil(|py| {
+            let (arr, ptr) = new_array(py, dtype, shape)
+                .map_err(|e| Error::internal(format!("allocating a NumPy output: {e}")))?;
+            self.arrays.push(arr.unbind());
+            // SAFETY: a fresh C-contiguous array of this dtype and shape, kept alive in
+            // `self.arrays` and written only by the kernel of this call.
+            Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr as *mut u8) })
+        })
+    }
+}
+
 /// Run op `name` on NumPy arrays (None for an absent optional input). Returns one array for a
 /// single-output op, else a tuple of arrays. In-place ops (`relu_`) run out of place here.
 #[pyfunction]
@@ -438,48 +376,12 @@ fn run<'py>(
         })
         .collect();
 
-    let results: Vec<Bound<'py, PyAny>> = if op.flags.data_dependent_shape {
-        let owned = py
-            .allow_threads(|| catch_panic(op.name, || run_op(op, &refs, &attrs, default_pool())))
-            .map_err(|e| py_err(&e))?;
-        let mut out = Vec::with_capacity(owned.len());
-        for t in &owned {
-            let (arr, ptr) = new_array(py, t.dtype, &t.shape)?;
-            let bytes = t.as_bytes();
-            if !bytes.is_empty() {
-                // SAFETY: `arr` is a fresh C-contiguous array of the same dtype and shape.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, bytes.len())
-                };
-            }
-            out.push(arr);
-        }
-        out
-    } else {
-        let specs =
-            catch_panic(op.name, || op.infer_concrete(&refs, &attrs)).map_err(|e| py_err(&e))?;
-        let mut arrs = Vec::with_capacity(specs.len());
-        let mut views: Vec<TensorMut> = Vec::with_capacity(specs.len());
-        for s in &specs {
-            let shape = s.concrete().ok_or_else(|| {
-                PyRuntimeError::new_err(format!(
-                    "polyop.{}: internal error: shape function left an output dim unknown for \
-                     concrete inputs",
-                    op.name
-                ))
-            })?;
-            let (arr, ptr) = new_array(py, s.dtype, &shape)?;
-            // SAFETY: fresh, exclusively owned, C-contiguous NumPy buffer kept alive in `arrs`.
-            views.push(unsafe { TensorMut::from_raw_contiguous(s.dtype, &shape, ptr as *mut u8) });
-            arrs.push(arr);
-        }
-        py.allow_threads(|| {
-            let mut ctx = KernelCtx::new(op, &refs, &mut views, &attrs, default_pool());
-            op.compute(&mut ctx)
-        })
+    let site = CallSite::once(attrs);
+    let mut outs = NumpyOutputs::default();
+    py.allow_threads(|| call::run(op, &refs, &site, &mut outs, default_pool(), Phase::Compute))
         .map_err(|e| py_err(&e))?;
-        arrs
-    };
+    let results: Vec<Bound<'py, PyAny>> =
+        outs.arrays.into_iter().map(|a| a.into_bound(py)).collect();
     drop(refs);
     drop(ins);
     if results.len() == 1 {

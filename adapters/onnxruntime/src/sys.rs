@@ -1,14 +1,14 @@
-//! Thin, checked wrappers over the parts of the ONNX Runtime C API table the adapter uses.
+//! The raw bindings: thin, checked wrappers over the parts of the ONNX Runtime C API table
+//! the adapter uses (types from `ort-sys`).
 //!
 //! The table (`OrtApi`) arrives at load time through `RegisterCustomOps`; nothing here links
 //! against onnxruntime. Every wrapper turns a non-null `OrtStatus*` into a `kernel_core::Error`
 //! (releasing the status), so callers can use `?`.
 
-use kernel_core::{DType, Error, ErrorKind, Result};
+use kernel_core::{Error, Result};
 use ort_sys::{
-    ONNXTensorElementDataType as ET, OrtApi, OrtErrorCode, OrtKernelContext, OrtKernelInfo,
-    OrtOpAttr, OrtOpAttrType, OrtShapeInferContext, OrtStatus, OrtStatusPtr,
-    OrtTensorTypeAndShapeInfo, OrtValue,
+    ONNXTensorElementDataType as ET, OrtApi, OrtKernelContext, OrtKernelInfo, OrtOpAttr,
+    OrtOpAttrType, OrtShapeInferContext, OrtStatusPtr, OrtTensorTypeAndShapeInfo, OrtValue,
 };
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::ptr;
@@ -75,47 +75,6 @@ fn shape_ref_fn() -> Option<ShapeRefFn> {
     SHAPE_REF.get().copied().flatten()
 }
 
-/// ONNX element type <-> polyop dtype.
-pub fn dtype_from_onnx(t: ET) -> Option<DType> {
-    Some(match t {
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => DType::F16,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 => DType::BF16,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => DType::F32,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE => DType::F64,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => DType::I32,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => DType::I64,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => DType::Bool,
-        _ => return None,
-    })
-}
-
-pub fn onnx_from_dtype(d: DType) -> ET {
-    match d {
-        DType::F16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-        DType::BF16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
-        DType::F32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-        DType::F64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
-        DType::I32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
-        DType::I64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
-        DType::Bool => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
-    }
-}
-
-/// ONNX's lower-case name of an element type, for error messages.
-pub fn onnx_type_name(t: ET) -> String {
-    let s = format!("{t:?}");
-    s.trim_start_matches("ONNX_TENSOR_ELEMENT_DATA_TYPE_")
-        .to_ascii_lowercase()
-}
-
-/// An element type the adapter cannot hand to a kernel, as a polyop error.
-pub fn unsupported_type(what: &str, t: ET) -> Error {
-    Error::invalid(format!(
-        "unsupported dtype {} for {what} (polyop supports float16, bfloat16, float32, float64, int32, int64, bool)",
-        onnx_type_name(t)
-    ))
-}
-
 /// A dimension as ONNX Runtime reports it: -1 (or any negative) = unknown.
 fn dim_from_ort(d: i64) -> Option<usize> {
     usize::try_from(d).ok()
@@ -130,54 +89,6 @@ fn string_from_buf(mut buf: Vec<u8>) -> String {
 }
 
 impl Api {
-    /// Turn a status into a result, releasing it.
-    pub fn check(&self, st: OrtStatusPtr) -> Result<()> {
-        if st.0.is_null() {
-            return Ok(());
-        }
-        // SAFETY: a non-null status from this API; released exactly once here.
-        unsafe {
-            let code = (self.0.GetErrorCode)(st.0);
-            let msg = CStr::from_ptr((self.0.GetErrorMessage)(st.0))
-                .to_string_lossy()
-                .into_owned();
-            (self.0.ReleaseStatus)(st.0);
-            Err(Error {
-                kind: if code == OrtErrorCode::ORT_INVALID_ARGUMENT {
-                    ErrorKind::InvalidArgument
-                } else {
-                    ErrorKind::Internal
-                },
-                op: String::new(),
-                message: format!("onnxruntime: {msg}"),
-            })
-        }
-    }
-
-    /// Release a status without looking at it.
-    pub fn release(&self, st: OrtStatusPtr) {
-        if !st.0.is_null() {
-            // SAFETY: as in `check`.
-            unsafe { (self.0.ReleaseStatus)(st.0) }
-        }
-    }
-
-    /// A new status for `err`: invalid arguments -> ORT_INVALID_ARGUMENT, everything else ->
-    /// ORT_FAIL. The message is the error's Display ("polyop.<op>: ...").
-    pub fn status(&self, err: &Error) -> *mut OrtStatus {
-        let code = match err.kind {
-            ErrorKind::InvalidArgument => OrtErrorCode::ORT_INVALID_ARGUMENT,
-            ErrorKind::Unsupported | ErrorKind::Internal => OrtErrorCode::ORT_FAIL,
-        };
-        self.status_msg(code, &err.to_string())
-    }
-
-    pub fn status_msg(&self, code: OrtErrorCode, msg: &str) -> *mut OrtStatus {
-        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-        // SAFETY: CreateStatus copies the message.
-        unsafe { (self.0.CreateStatus)(code, c.as_ptr()).0 }
-    }
-
     // ---- tensor type and shape ------------------------------------------------------------
 
     /// Element type and dims of a type-and-shape info (not released here).

@@ -1,0 +1,143 @@
+//! Framework tensors in and out: dtype mapping, input views of `OrtValue`s, and the output
+//! allocator (`KernelContext_GetOutput`) that kernel-core's call path asks for memory.
+
+use crate::sys::Api;
+use kernel_core::op::OutputAllocator;
+use kernel_core::{
+    contiguous_strides, DType, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef,
+};
+use ort_sys::{ONNXTensorElementDataType as ET, OrtKernelContext};
+
+/// ONNX element type <-> polyop dtype.
+pub fn dtype_from_onnx(t: ET) -> Option<DType> {
+    Some(match t {
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => DType::F16,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 => DType::BF16,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => DType::F32,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE => DType::F64,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => DType::I32,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => DType::I64,
+        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+pub fn onnx_from_dtype(d: DType) -> ET {
+    match d {
+        DType::F16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+        DType::BF16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
+        DType::F32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+        DType::F64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+        DType::I32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+        DType::I64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+        DType::Bool => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
+    }
+}
+
+/// ONNX's lower-case name of an element type, for error messages.
+pub fn onnx_type_name(t: ET) -> String {
+    let s = format!("{t:?}");
+    s.trim_start_matches("ONNX_TENSOR_ELEMENT_DATA_TYPE_")
+        .to_ascii_lowercase()
+}
+
+/// An element type the adapter cannot hand to a kernel, as a polyop error.
+pub fn unsupported_type(what: &str, t: ET) -> Error {
+    Error::invalid(format!(
+        "unsupported dtype {} for {what} (polyop supports float16, bfloat16, float32, float64, int32, int64, bool)",
+        onnx_type_name(t)
+    ))
+}
+
+pub(crate) fn input_label(op: &OpDef, i: usize) -> String {
+    match op.schema.tensor_args().nth(i) {
+        Some(a) => format!("input `{}`", a.name),
+        None => format!("input {i}"),
+    }
+}
+
+/// The node's inputs as views (`None` for an absent optional input).
+///
+/// # Safety
+/// `ctx` is the kernel context of the running compute call; the views live no longer.
+pub(crate) unsafe fn inputs<'a>(
+    api: Api,
+    op: &OpDef,
+    ctx: *mut OrtKernelContext,
+) -> Result<Vec<Option<TensorRef<'a>>>> {
+    // SAFETY: `ctx` is the live kernel context (this function's contract).
+    let n_in = unsafe { api.input_count(ctx) }?;
+    if n_in > op.num_inputs() {
+        return Err(Error::invalid(format!(
+            "expected at most {} input(s), got {n_in}",
+            op.num_inputs()
+        )));
+    }
+    let mut inputs = Vec::with_capacity(op.num_inputs());
+    for i in 0..op.num_inputs() {
+        let v = if i < n_in {
+            // SAFETY: i < the context's input count.
+            unsafe { api.input(ctx, i) }?
+        } else {
+            std::ptr::null()
+        };
+        if v.is_null() {
+            inputs.push(None);
+            continue;
+        }
+        // SAFETY: `v` is a live input value of this call.
+        let (et, shape) = unsafe { api.value_type_shape(v) }?;
+        let dtype = dtype_from_onnx(et).ok_or_else(|| unsupported_type(&input_label(op, i), et))?;
+        // SAFETY: as above.
+        let ptr = unsafe { api.tensor_data(v) }?;
+        let strides = contiguous_strides(&shape);
+        // SAFETY: onnxruntime tensors are dense row-major buffers of `shape`, alive for the
+        // compute call.
+        inputs.push(Some(unsafe {
+            TensorRef::from_raw(dtype, shape, strides, ptr)
+        }));
+    }
+    Ok(inputs)
+}
+
+/// Outputs from `KernelContext_GetOutput`; an output the node leaves out gets scratch memory.
+pub(crate) struct OrtOutputs {
+    pub api: Api,
+    pub ctx: *mut OrtKernelContext,
+    pub n_out: usize,
+    pub scratch: Vec<OwnedTensor>,
+}
+
+impl<'a> OutputAllocator<'a> for OrtOutputs {
+    fn allocate(&mut self, i: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>> {
+        let (api, ctx) = (self.api, self.ctx);
+        let v = if i < self.n_out {
+            // SAFETY: the kernel context is live for the compute call that made `self`.
+            unsafe { api.output(ctx, i, shape) }?
+        } else {
+            std::ptr::null_mut()
+        };
+        if v.is_null() {
+            let mut t = OwnedTensor::zeros(dtype, shape);
+            let ptr = t.view_mut().ptr();
+            self.scratch.push(t); // the heap buffer does not move with the OwnedTensor
+                                  // SAFETY: a fresh buffer owned by `self.scratch` for the rest of the call.
+            return Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr) });
+        }
+        // Defensive (the kernel writes `dtype` elements of `shape` into this buffer): checked
+        // without allocating on runtimes with the borrowed-shape API.
+        // SAFETY: `v` is the output value onnxruntime just allocated.
+        if !unsafe { api.value_is(v, onnx_from_dtype(dtype), shape) }? {
+            // SAFETY: as above.
+            let (et, got) = unsafe { api.value_type_shape(v) }?;
+            return Err(Error::internal(format!(
+                "onnxruntime allocated output {i} as {} {got:?}, expected {dtype} {shape:?}",
+                onnx_type_name(et)
+            )));
+        }
+        // SAFETY: as above; its buffer has `dtype` elements of `shape` (checked).
+        let ptr = unsafe { api.tensor_data(v) }?;
+        // SAFETY: a dense output buffer of this dtype and shape, written only by this call.
+        Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr) })
+    }
+}

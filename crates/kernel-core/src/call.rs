@@ -1,0 +1,357 @@
+//! The one call path from framework tensors to kernels. Every adapter (and the Python core)
+//! runs an op the same way:
+//!
+//! 1. decode attributes from the framework's source and bind them to the schema, once per
+//!    distinct attribute set ([`CallSites`]) or once per kernel instance ([`CallSite`]);
+//! 2. build input views ([`TensorRef`]) of the framework's tensors;
+//! 3. [`run`]: infer output specs (cached per call site), let the framework allocate the
+//!    outputs through its [`OutputAllocator`], run the kernel on the framework's
+//!    [`ThreadPool`], with data-dependent outputs allocated by the kernel once it knows them,
+//!    and every panic caught;
+//! 4. report an [`Error`] through the framework's error type ([`boundary`]).
+//!
+//! What is framework-specific is only behind those traits: the allocator, the pool, the
+//! attribute source and the error sink.
+
+use crate::op::{InferCache, KernelCtx, OutputAllocator};
+use crate::schema::ArgType;
+use crate::{AttrValue, Attrs, DType, Error, OpDef, Result, TensorMut, TensorRef, ThreadPool};
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+/// A small most-recently-added cache: at most `cap` items, the oldest dropped first. A
+/// contended cache is bypassed rather than waited for (a miss costs only recomputation), and
+/// items are only ever pushed whole, so a poisoned lock still guards consistent data.
+pub struct Bounded<T> {
+    cap: usize,
+    items: Mutex<Vec<T>>,
+}
+
+impl<T> Bounded<T> {
+    pub const fn new(cap: usize) -> Self {
+        Bounded {
+            cap,
+            items: Mutex::new(Vec::new()),
+        }
+    }
+    fn lock(&self) -> Option<MutexGuard<'_, Vec<T>>> {
+        match self.items.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+    /// The first `f(item)` that is `Some`.
+    pub fn find_map<R>(&self, f: impl FnMut(&T) -> Option<R>) -> Option<R> {
+        self.lock()?.iter().find_map(f)
+    }
+    /// Remember `item()` (not even built when the cache is contended or has no room at all).
+    pub fn insert_with(&self, item: impl FnOnce() -> T) {
+        if self.cap == 0 {
+            return;
+        }
+        if let Some(mut items) = self.lock() {
+            if items.len() >= self.cap {
+                items.remove(0);
+            }
+            items.push(item());
+        }
+    }
+}
+
+/// Attributes bound once, and the output specs inferred under them for recent input shapes.
+/// Kept per kernel instance (ONNX Runtime, TensorFlow) or per distinct attribute set
+/// ([`CallSites`]: torch, XLA).
+pub struct CallSite {
+    pub attrs: Attrs,
+    pub infer: InferCache,
+}
+
+impl CallSite {
+    pub fn new(attrs: Attrs) -> Self {
+        CallSite {
+            attrs,
+            infer: InferCache::new(),
+        }
+    }
+    /// A site for a single call: nothing is cached.
+    pub fn once(attrs: Attrs) -> Self {
+        CallSite {
+            attrs,
+            infer: InferCache::disabled(),
+        }
+    }
+}
+
+/// How many attribute sets [`CallSites`] remembers per op.
+pub const CALL_SITES: usize = 32;
+
+/// The call sites of one op, keyed by an adapter-chosen byte encoding of the attributes as
+/// the framework passed them (so a repeated call neither decodes nor binds them again).
+pub struct CallSites {
+    sites: Bounded<(Box<[u8]>, Arc<CallSite>)>,
+}
+
+impl Default for CallSites {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+thread_local! {
+    /// Scratch space for call-site keys, so a cache hit does not allocate.
+    static KEY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl CallSites {
+    pub const fn new() -> Self {
+        CallSites {
+            sites: Bounded::new(CALL_SITES),
+        }
+    }
+    /// The site whose key `key` writes; on a miss `bind` decodes and binds the attributes.
+    /// `key` returns false when the attributes cannot be keyed (they are then bound every
+    /// time, and binding reports what is wrong with them).
+    pub fn get_or_bind(
+        &self,
+        key: impl FnOnce(&mut Vec<u8>) -> bool,
+        bind: impl FnOnce() -> Result<Attrs>,
+    ) -> Result<Arc<CallSite>> {
+        let owned_key = KEY.with(|k| {
+            // A re-entrant call (a kernel calling an op) gets a fresh buffer.
+            let mut fresh = Vec::new();
+            let mut guard = k.try_borrow_mut();
+            let buf = match guard.as_mut() {
+                Ok(b) => &mut **b,
+                Err(_) => &mut fresh,
+            };
+            buf.clear();
+            if !key(buf) {
+                return Err(None);
+            }
+            let hit = self
+                .sites
+                .find_map(|(k, s)| (**k == buf[..]).then(|| s.clone()));
+            match hit {
+                Some(s) => Err(Some(s)),
+                None => Ok(buf.clone().into_boxed_slice()),
+            }
+        });
+        let owned_key = match owned_key {
+            Err(Some(site)) => return Ok(site),
+            Err(None) => None,
+            Ok(k) => Some(k),
+        };
+        let site = Arc::new(CallSite::new(bind()?));
+        if let Some(k) = owned_key {
+            self.sites.insert_with(|| (k, site.clone()));
+        }
+        Ok(site)
+    }
+}
+
+impl AttrValue {
+    /// Append an unambiguous encoding of the value (a [`CallSites`] key).
+    pub fn write_key(&self, out: &mut Vec<u8>) {
+        let words = |out: &mut Vec<u8>, tag: u8, w: &mut dyn Iterator<Item = u64>| {
+            out.push(tag);
+            let at = out.len();
+            out.extend_from_slice(&[0; 8]);
+            let mut n = 0u64;
+            for x in w {
+                out.extend_from_slice(&x.to_ne_bytes());
+                n += 1;
+            }
+            out[at..at + 8].copy_from_slice(&n.to_ne_bytes());
+        };
+        match self {
+            AttrValue::None => out.push(0),
+            AttrValue::Int(i) => words(out, 1, &mut std::iter::once(*i as u64)),
+            AttrValue::Float(f) => words(out, 2, &mut std::iter::once(f.to_bits())),
+            AttrValue::Bool(b) => words(out, 3, &mut std::iter::once(*b as u64)),
+            AttrValue::Str(s) => {
+                words(out, 4, &mut std::iter::once(s.len() as u64));
+                out.extend_from_slice(s.as_bytes());
+            }
+            AttrValue::IntList(v) => words(out, 5, &mut v.iter().map(|&i| i as u64)),
+            AttrValue::FloatList(v) => words(out, 6, &mut v.iter().map(|f| f.to_bits())),
+        }
+    }
+}
+
+/// A framework's attributes looked up by name (TensorFlow node attributes, ONNX node
+/// attributes). Frameworks that pass attributes as a list (torch's stack, XLA's call frame,
+/// Python keywords) bind that list with [`OpDef::bind_attrs`] instead, which also rejects
+/// unknown names.
+pub trait AttrSource {
+    /// The value given for attribute `name`, declared `ty` by the schema; `None` when the call
+    /// leaves it out (the default applies). A value of another type may be returned: binding
+    /// then reports the mismatch by name.
+    fn get(&mut self, name: &str, ty: &ArgType) -> Result<Option<AttrValue>>;
+}
+
+impl OpDef {
+    /// Read every schema attribute from `src` and bind them.
+    pub fn decode_attrs(&self, src: &mut dyn AttrSource) -> Result<Attrs> {
+        let mut given = Vec::new();
+        for a in self.schema.attr_args() {
+            if let Some(v) = src.get(&a.name, &a.ty).map_err(|e| e.in_op(self.name))? {
+                given.push((a.name.as_str(), v));
+            }
+        }
+        self.bind_attrs(given)
+    }
+}
+
+/// What one call does with its outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Allocate the outputs and run the kernel.
+    Compute,
+    /// Only allocate outputs of the inferred shapes (torch Meta / FakeTensor). Refused for
+    /// ops with a data-dependent output shape.
+    ShapesOnly,
+}
+
+/// Tracks which outputs a data-dependent kernel allocated through the host's allocator.
+struct Tracked<'h, 't> {
+    host: &'h mut dyn OutputAllocator<'t>,
+    done: Vec<bool>,
+}
+
+impl<'t> OutputAllocator<'t> for Tracked<'_, 't> {
+    fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'t>> {
+        match self.done.get_mut(index) {
+            Some(d) if !*d => *d = true,
+            _ => {
+                return Err(Error::internal(format!(
+                    "output {index} allocated twice or out of range"
+                )))
+            }
+        }
+        checked_bytes(dtype, shape)?;
+        self.host.allocate(index, dtype, shape)
+    }
+}
+
+/// The byte size of a tensor, or an error when it does not fit in memory addresses.
+fn checked_bytes(dtype: DType, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid(format!("an output of shape {shape:?} is too large")))
+}
+
+/// Run `op` on `inputs` with the attributes of `site`: validate and infer (through the site's
+/// cache), allocate every output through `outputs` (the framework's memory), then compute on
+/// `pool`. Data-dependent ops allocate their outputs from inside the kernel through the same
+/// allocator. Errors name the op; a panic anywhere becomes an internal error; on error the
+/// kernel has not run, or its outputs must be discarded by the caller.
+pub fn run<'t>(
+    op: &'t OpDef,
+    inputs: &[Option<TensorRef<'t>>],
+    site: &'t CallSite,
+    outputs: &mut dyn OutputAllocator<'t>,
+    pool: &'t dyn ThreadPool,
+    phase: Phase,
+) -> Result<()> {
+    crate::catch_panic(op.name, || {
+        let specs = op.infer_concrete_cached(&site.infer, inputs, &site.attrs)?;
+        if op.flags.data_dependent_shape {
+            if phase == Phase::ShapesOnly {
+                return Err(Error::unsupported(
+                    "data-dependent output shape: the result's size depends on the input \
+                     values, so it cannot be computed without data",
+                ));
+            }
+            let mut tracked = Tracked {
+                host: outputs,
+                done: vec![false; specs.len()],
+            };
+            {
+                let mut none: [TensorMut; 0] = [];
+                let mut ctx = KernelCtx::new(op, inputs, &mut none, &site.attrs, pool)
+                    .with_allocator(&mut tracked);
+                (op.cpu)(&mut ctx)?;
+            }
+            return match tracked.done.iter().position(|d| !d) {
+                Some(i) => Err(Error::internal(format!(
+                    "kernel did not allocate output {i}"
+                ))),
+                None => Ok(()),
+            };
+        }
+        let mut views: Vec<TensorMut<'t>> = Vec::with_capacity(specs.len());
+        for (i, s) in specs.iter().enumerate() {
+            let shape = s.shape.as_deref().ok_or_else(|| {
+                Error::internal("shape inference left a dimension unknown for concrete inputs")
+            })?;
+            checked_bytes(s.dtype, shape)?;
+            views.push(outputs.allocate(i, s.dtype, shape)?);
+        }
+        if phase == Phase::ShapesOnly {
+            return Ok(());
+        }
+        let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool);
+        (op.cpu)(&mut ctx)
+    })
+}
+
+/// Run `f` at an FFI boundary: a polyop error or a panic becomes `sink(error)` (the
+/// framework's error value), success `ok`. No panic unwinds past this.
+pub fn boundary<R>(
+    op_name: &str,
+    ok: R,
+    f: impl FnOnce() -> Result<()>,
+    sink: impl FnOnce(Error) -> R,
+) -> R {
+    match crate::catch_panic(op_name, f) {
+        Ok(()) => ok,
+        Err(e) => sink(e.in_op(op_name)),
+    }
+}
+
+/// Outputs the caller allocated before the call (XLA's results, `polyop_run`'s buffers), as
+/// `(dtype, shape, data)` per output: each must be exactly what inference gives.
+pub struct Preallocated<'t> {
+    op: &'t OpDef,
+    buffers: Vec<Option<(DType, Vec<usize>, *mut u8)>>,
+}
+
+impl<'t> Preallocated<'t> {
+    /// # Safety
+    /// Each `data` must be valid for writes of its dtype and shape, exclusively, for `'t`.
+    pub unsafe fn new(op: &'t OpDef, buffers: Vec<(DType, Vec<usize>, *mut u8)>) -> Result<Self> {
+        if buffers.len() != op.num_outputs() {
+            return Err(Error::invalid(format!(
+                "expected {} result(s), the call declares {}",
+                op.num_outputs(),
+                buffers.len()
+            )));
+        }
+        Ok(Preallocated {
+            op,
+            buffers: buffers.into_iter().map(Some).collect(),
+        })
+    }
+}
+
+impl<'t> OutputAllocator<'t> for Preallocated<'t> {
+    fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'t>> {
+        let (d, s, data) = self
+            .buffers
+            .get_mut(index)
+            .and_then(Option::take)
+            .ok_or_else(|| Error::internal(format!("no output {index}")))?;
+        if d != dtype || s != shape {
+            return Err(Error::invalid(format!(
+                "result `{}` was declared as {d}{s:?} but the op produces {dtype}{shape:?} \
+                 (declare result shapes with polyop.infer)",
+                self.op.schema.output_name(index)
+            )));
+        }
+        // SAFETY: the caller of `new` vouched for the buffer; it is handed out once.
+        Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, data) })
+    }
+}
