@@ -91,14 +91,38 @@ impl fmt::Display for DType {
     }
 }
 
+mod sealed {
+    /// Implemented only for the seven storage types below.
+    pub trait Sealed {}
+}
+
 /// A Rust type that is the storage of one [`DType`].
-pub trait Element: Copy + Send + Sync + PartialEq + Default + fmt::Debug + 'static {
+///
+/// Sealed: the tensor views hand out `&[T]` for any `T: Element` whose `DTYPE` matches the
+/// view's dtype, which is sound only because `T` really is that dtype's storage type (its
+/// size, alignment and valid values). So no other crate can implement it:
+///
+/// ```compile_fail
+/// use kernel_core::{DType, Element};
+/// #[derive(Clone, Copy, PartialEq, Default, Debug)]
+/// struct Wide([u64; 4]);
+/// impl Element for Wide {
+///     const DTYPE: DType = DType::F64;
+///     fn is_zero(self) -> bool {
+///         self == Wide::default()
+///     }
+/// }
+/// ```
+pub trait Element:
+    sealed::Sealed + Copy + Send + Sync + PartialEq + Default + fmt::Debug + 'static
+{
     const DTYPE: DType;
     fn is_zero(self) -> bool;
 }
 
 macro_rules! element {
     ($t:ty, $d:expr, $zero:expr) => {
+        impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = $d;
             #[inline(always)]

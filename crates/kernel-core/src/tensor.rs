@@ -147,14 +147,22 @@ pub struct TensorRef<'a> {
     _life: PhantomData<&'a [u8]>,
 }
 
-// A view is a read-only window; sharing it across threads is as safe as sharing `&[T]`.
+// SAFETY: a `TensorRef` only ever reads its elements, which `from_raw`'s contract keeps valid
+// and unwritten for `'a` (every `Element` type is `Send + Sync`), so sending it to another
+// thread is like sending a `&'a [T]`.
 unsafe impl Send for TensorRef<'_> {}
+// SAFETY: as for `Send`: shared access only reads, like `&[T]` with `T: Sync`.
 unsafe impl Sync for TensorRef<'_> {}
 
 impl<'a> TensorRef<'a> {
     /// # Safety
-    /// `ptr` must point to memory valid for reads, for `'a`, at every offset the shape and
-    /// strides reach, aligned for `dtype`. `ptr` may be null or dangling if the view is empty.
+    /// `shape` and `strides` must have the same length. `ptr` must point to memory valid for
+    /// reads, for `'a`, at every offset the shape and strides reach, aligned for `dtype`, each
+    /// element a valid value of `dtype` (for `Bool`: the byte 0 or 1), and not written through
+    /// any other pointer during `'a` except through the output of an in-place call that
+    /// aliases it with the same layout (kernels read such an input only through its raw
+    /// pointer, see `polyop_kernels::common::zip_map`). `ptr` may be null or dangling if the
+    /// view is empty.
     pub unsafe fn from_raw(
         dtype: DType,
         shape: Vec<usize>,
@@ -226,7 +234,12 @@ impl<'a> TensorRef<'a> {
         if n == 0 {
             return Ok(Some(&[]));
         }
-        // SAFETY: from_raw's contract; contiguous means n elements from ptr.
+        // SAFETY: `T` is the storage type of `self.dtype` (checked above; `Element` is sealed,
+        // so `T` has the dtype's size, alignment and valid values). A contiguous view of `n > 0`
+        // elements reaches exactly offsets `0..n` from `ptr`, which `from_raw`'s contract (or
+        // `from_slice`'s borrow) makes valid, aligned and unwritten for `'a`. This assumes the
+        // public `shape`/`strides`/`dtype` fields were not changed to describe more memory
+        // than the view was made for (see the note on [`TensorRef::restrided`]).
         Ok(Some(unsafe {
             std::slice::from_raw_parts(self.ptr as *const T, n)
         }))
@@ -241,7 +254,9 @@ impl<'a> TensorRef<'a> {
         let p = self.ptr as *const T;
         for_each_row(&self.shape, &self.strides, |base, len, stride| {
             for i in 0..len as isize {
-                // SAFETY: offsets come from the view's own shape and strides.
+                // SAFETY: `for_each_row` yields offsets the view's shape and strides reach,
+                // which `from_raw` makes valid reads of `T` (the dtype, checked in `as_slice`
+                // above); same caveat on the public fields as in `as_slice`.
                 out.push(unsafe { *p.offset(base + i * stride) });
             }
         });
@@ -262,11 +277,18 @@ impl<'a> TensorRef<'a> {
             .zip(&self.strides)
             .map(|(&i, &s)| i as isize * s)
             .sum();
-        // SAFETY: bounds checked above.
+        // SAFETY: the dtype is `T`'s (checked) and every index is below its dim (checked), so
+        // `off` is an offset the shape and strides reach: a valid read per `from_raw`. Same
+        // caveat on the public fields as in `as_slice`.
         Ok(unsafe { *(self.ptr as *const T).offset(off) })
     }
 
     /// The same data read with the given shape and strides (e.g. broadcast strides).
+    ///
+    /// Soundness note: the caller must keep every offset the new shape and strides reach among
+    /// those the original view reaches (as broadcast strides do); the safe readers above trust
+    /// the view's shape and strides. This function, like writing the public fields, is safe
+    /// today although breaking that is undefined behaviour: a known gap (issue 12, item 5).
     pub fn restrided(&self, shape: Vec<usize>, strides: Vec<isize>) -> TensorRef<'a> {
         TensorRef {
             dtype: self.dtype,
@@ -288,12 +310,19 @@ pub struct TensorMut<'a> {
     _life: PhantomData<&'a mut [u8]>,
 }
 
+// SAFETY: a `TensorMut` is the exclusive handle of its elements for `'a` (`from_raw`'s
+// contract, or `from_slice`'s `&'a mut` borrow), like `&'a mut [T]`, which is `Send` because
+// every `Element` type is. It is deliberately not `Sync`.
 unsafe impl Send for TensorMut<'_> {}
 
 impl<'a> TensorMut<'a> {
     /// # Safety
-    /// `ptr` must be valid for reads and writes, exclusively for `'a`, at every offset the
-    /// shape and strides reach, aligned for `dtype`; may be null or dangling if empty.
+    /// `shape` and `strides` must have the same length. `ptr` must be valid for reads and
+    /// writes, exclusively for `'a`, at every offset the shape and strides reach, aligned for
+    /// `dtype`; may be null or dangling if empty. The elements may be uninitialised (frameworks
+    /// allocate outputs with `empty`): kernels write every element before reading it. The one
+    /// exception to exclusivity: an input of the same in-place call may alias it with the same
+    /// layout (see [`TensorRef::from_raw`]).
     pub unsafe fn from_raw(
         dtype: DType,
         shape: Vec<usize>,
@@ -368,7 +397,14 @@ impl<'a> TensorMut<'a> {
         if n == 0 {
             return Ok(&mut []);
         }
-        // SAFETY: from_raw's contract.
+        // SAFETY: `T` is the dtype's storage type (checked; `Element` is sealed) and the view is
+        // contiguous with `n > 0` elements, so it covers offsets `0..n`, which `from_raw`'s
+        // contract (or `from_slice`'s borrow) makes valid, aligned and exclusive for `'a`; the
+        // slice borrows `self` mutably, so no second one can exist. The elements may still be
+        // uninitialised (see `from_raw`): callers write before they read, and this relies on a
+        // `&mut [T]` to uninitialised integers or floats not being undefined behaviour by
+        // itself (true in practice, not yet settled by the language). Same caveat on the
+        // public fields as in [`TensorRef::as_slice`].
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, n) })
     }
 
@@ -418,11 +454,17 @@ impl OwnedTensor {
     }
     pub fn as_bytes(&self) -> &[u8] {
         let n = self.numel() * self.dtype.size();
-        // SAFETY: storage holds at least n bytes.
+        // SAFETY: `zeros` sized `storage` to at least `numel * dtype.size()` bytes, all
+        // initialised, and `u8` has no alignment or validity requirement. This holds only while
+        // the public `shape`/`dtype` fields keep the values the tensor was made with (a known
+        // gap: issue 12, item 5).
         unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const u8, n) }
     }
     pub fn view(&self) -> TensorRef<'_> {
-        // SAFETY: storage is valid, aligned to 8 and sized for shape.
+        // SAFETY: `storage` holds `numel` initialised elements of `dtype` (zeros, or values
+        // written through typed slices), is 8-byte aligned (enough for every dtype) and is
+        // not written while `&self` is borrowed for the view's lifetime; the strides are the
+        // contiguous ones of `shape`. Same caveat on the public fields as in `as_bytes`.
         unsafe {
             TensorRef::from_raw(
                 self.dtype,
@@ -433,7 +475,7 @@ impl OwnedTensor {
         }
     }
     pub fn view_mut(&mut self) -> TensorMut<'_> {
-        // SAFETY: as in view, and we hold &mut self.
+        // SAFETY: as in `view`, and the view borrows `self` mutably, so it is exclusive.
         unsafe {
             TensorMut::from_raw_contiguous(
                 self.dtype,
@@ -450,7 +492,10 @@ impl OwnedTensor {
                 T::DTYPE
             )));
         }
-        // SAFETY: dtype checked; storage is aligned to 8 and sized for numel elements.
+        // SAFETY: `T` is the dtype's storage type (checked; `Element` is sealed), of size at
+        // most 8, so the 8-byte aligned `storage`, sized for `numel` elements of the dtype,
+        // holds `numel` initialised `T`s (all-zero bytes are a valid value of every dtype; other
+        // bytes were written as `T`). Same caveat on the public fields as in `as_bytes`.
         Ok(unsafe { std::slice::from_raw_parts(self.storage.as_ptr() as *const T, self.numel()) })
     }
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
@@ -461,7 +506,7 @@ impl OwnedTensor {
                 T::DTYPE
             )));
         }
-        // SAFETY: as in as_slice.
+        // SAFETY: as in `as_slice`; `&mut self` makes the slice exclusive.
         Ok(unsafe {
             std::slice::from_raw_parts_mut(self.storage.as_mut_ptr() as *mut T, self.numel())
         })
@@ -475,7 +520,12 @@ impl OwnedTensor {
 /// disjoint range. The kernel is responsible for the disjointness.
 #[derive(Clone, Copy)]
 pub struct SharedMut<T>(NonNull<T>);
+// SAFETY: a `SharedMut` is only an address; elements are reached only through the `unsafe`
+// `slice`, whose contract makes each range one task's at a time. Handing `T`s to other threads
+// that way needs `T: Send`.
 unsafe impl<T: Send> Send for SharedMut<T> {}
+// SAFETY: as for `Send`: `&SharedMut` gives out `&mut [T]` only through `slice`, whose contract
+// rules out two tasks touching the same range at once.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
 impl<T> SharedMut<T> {
@@ -483,10 +533,14 @@ impl<T> SharedMut<T> {
         SharedMut(NonNull::new(slice.as_mut_ptr()).unwrap_or(NonNull::dangling()))
     }
     /// # Safety
-    /// `start..start+len` must be in bounds of the original slice and not accessed by any
-    /// other task at the same time.
+    /// The slice given to [`SharedMut::new`] must still be alive and not otherwise used, and
+    /// `start..start+len` must be in bounds of it and not accessed by any other task while the
+    /// returned slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
+        // SAFETY: the caller guarantees the original slice is alive and `start..start+len` is
+        // in it (so `add` stays in the allocation; for an empty slice only `0..0`, on which a
+        // dangling pointer is fine) and is this task's alone.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr().add(start), len) }
     }
 }

@@ -59,6 +59,8 @@ fn broadcasting_follows_numpy() {
 fn strided_views_read_like_their_contiguous_copy() {
     // A 3x4 row-major buffer read transposed (4x3).
     let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    // SAFETY: the 4x3 view with strides [1, 4] reaches offsets i + 4j <= 3 + 8 = 11, all
+    // inside the 12 f32s of `data`, which outlives `t` and is never written.
     let t = unsafe {
         TensorRef::from_raw(
             DType::F32,
@@ -81,6 +83,8 @@ fn strided_views_read_like_their_contiguous_copy() {
         "dtype mismatch is an error, not a reinterpretation"
     );
     // Negative strides: a reversed view.
+    // SAFETY: `add(11)` is the last element of `data`; stride -1 over 12 elements reaches
+    // offsets 0 down to -11, i.e. data[11] .. data[0], valid and never written while `r` lives.
     let r = unsafe {
         TensorRef::from_raw(
             DType::F32,
