@@ -262,8 +262,14 @@ pub(crate) use with_numeric;
 /// set of elements.
 #[derive(Clone, Copy)]
 pub struct OutPtr<T>(pub *mut T);
-unsafe impl<T> Send for OutPtr<T> {}
-unsafe impl<T> Sync for OutPtr<T> {}
+// SAFETY: an `OutPtr` is only an address; every access through it is an `unsafe` call whose
+// contract requires the caller's task to own the elements it touches, so handing the address
+// to other threads creates no data race by itself. `T: Send` is required because elements are
+// written from other threads than the one that owns the buffer.
+unsafe impl<T: Send> Send for OutPtr<T> {}
+// SAFETY: as for `Send`: `&OutPtr` only gives out the address; the unsafe accessors' contracts
+// (disjoint ranges per task) are what rule out races.
+unsafe impl<T: Send> Sync for OutPtr<T> {}
 
 impl<T> OutPtr<T> {
     /// The raw pointer (a method, so closures capture the whole `Sync` wrapper).
@@ -272,17 +278,26 @@ impl<T> OutPtr<T> {
         self.0
     }
     /// # Safety
-    /// In bounds and not written by any other task concurrently.
+    /// `start..start + len` must be in bounds of the buffer the pointer came from (valid,
+    /// aligned, initialised elements), and no other reference to or access of those elements
+    /// may exist while the returned slice is alive.
     #[allow(clippy::mut_from_ref)]
     #[inline(always)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         if len == 0 {
             return &mut [];
         }
+        // SAFETY: the caller guarantees `start..start + len` lies in the buffer (so `add` stays
+        // in the allocation and the elements are valid and aligned) and is accessed by nobody
+        // else while the slice lives.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
     }
+    /// # Safety
+    /// Offset `off` must be in bounds of the buffer the pointer came from, and no other task
+    /// may read or write that element concurrently.
     #[inline(always)]
     pub unsafe fn write(&self, off: isize, v: T) {
+        // SAFETY: the caller guarantees `off` is an in-bounds element owned by this task.
         unsafe { self.0.offset(off).write(v) }
     }
 }
@@ -290,12 +305,21 @@ impl<T> OutPtr<T> {
 /// A raw input pointer (read-only), shareable across tasks.
 #[derive(Clone, Copy)]
 pub struct InPtr<T>(pub *const T);
-unsafe impl<T> Send for InPtr<T> {}
-unsafe impl<T> Sync for InPtr<T> {}
+// SAFETY: an `InPtr` only reads, and only through `unsafe` calls whose contracts require the
+// elements to be valid and not written concurrently; reading the same `T: Sync` data from
+// several threads is what `&[T]` allows too.
+unsafe impl<T: Sync> Send for InPtr<T> {}
+// SAFETY: as for `Send`.
+unsafe impl<T: Sync> Sync for InPtr<T> {}
 
 impl<T: Copy> InPtr<T> {
+    /// # Safety
+    /// Offset `off` must be an in-bounds, initialised element of the buffer the pointer came
+    /// from (for a tensor view: an offset its shape and strides reach), not written
+    /// concurrently.
     #[inline(always)]
     pub unsafe fn get(&self, off: isize) -> T {
+        // SAFETY: the caller guarantees `off` is a valid element not being written.
         unsafe { *self.0.offset(off) }
     }
 }
@@ -312,19 +336,52 @@ pub fn in_ptr<T: Element>(t: &TensorRef) -> Result<InPtr<T>> {
     Ok(InPtr(t.ptr() as *const T))
 }
 
-/// Typed write pointer of a (contiguous) output.
+/// Typed write pointer of a (contiguous) output (checks the dtype and the contiguity).
+///
+/// The pointer is taken without forming a `&mut [T]` over the whole output: in-place ops get
+/// an output that aliases an input, and such a reference, even a short-lived one, would
+/// assert exclusive access that the raw reads of the input then break.
 pub fn out_ptr<T: Element>(t: &mut TensorMut) -> Result<OutPtr<T>> {
-    let s = t.as_mut_slice::<T>()?;
-    Ok(OutPtr(s.as_mut_ptr()))
+    if t.dtype != T::DTYPE {
+        return Err(Error::internal(format!(
+            "kernel wrote a {} tensor as {}",
+            t.dtype,
+            T::DTYPE
+        )));
+    }
+    if !t.is_contiguous() {
+        return Err(Error::internal("kernel outputs must be contiguous"));
+    }
+    Ok(OutPtr(t.ptr() as *mut T))
+}
+
+/// Err unless `t` has shape `want`. Kernels call this on entry for every tensor whose extent
+/// their raw-pointer loops rely on: the shape function promises these shapes to callers that
+/// go through [`kernel_core::OpDef::compute`] after inference, but a kernel can also be called
+/// with any `KernelCtx` from safe code, and a wrong shape must then be an error, not an
+/// out-of-bounds access.
+pub fn expect_shape(what: &str, shape: &[usize], want: &[usize]) -> Result<()> {
+    if shape != want {
+        return Err(Error::internal(format!(
+            "{what} has shape {shape:?}, the kernel expects {want:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Load `dst.len()` elements starting at `p + off`, `stride` apart, into compute type.
+///
+/// # Safety
+/// Every offset `off + j * stride` for `j < dst.len()` must be a valid element of the buffer
+/// (see [`InPtr::get`]), not written concurrently.
 #[inline(always)]
 pub unsafe fn load_strided<T: Scalar>(p: InPtr<T>, off: isize, stride: isize, dst: &mut [T::C]) {
     let n = dst.len();
     if n == 0 {
         return;
     }
+    // SAFETY: the offsets read are exactly `off + j * stride`, `j < n`, which the caller
+    // guarantees valid; with `stride == 1` they are the `n` consecutive elements of the slice.
     unsafe {
         if stride == 1 {
             T::load(std::slice::from_raw_parts(p.0.offset(off), n), dst);
@@ -340,12 +397,20 @@ pub unsafe fn load_strided<T: Scalar>(p: InPtr<T>, off: isize, stride: isize, ds
 }
 
 /// Store `src` to `p + off`, `stride` apart.
+///
+/// # Safety
+/// Every offset `off + j * stride` for `j < src.len()` must be an in-bounds element of the
+/// buffer owned by the calling task (see [`OutPtr::write`]); `stride` must not be 0 unless
+/// `src.len() == 1`.
 #[inline(always)]
 pub unsafe fn store_strided<T: Scalar>(p: OutPtr<T>, off: isize, stride: isize, src: &[T::C]) {
     let n = src.len();
     if n == 0 {
         return;
     }
+    // SAFETY: the offsets written are exactly `off + j * stride`, `j < n`, which the caller
+    // guarantees in bounds and owned by this task; with `stride == 1` they are the `n`
+    // consecutive elements of the slice.
     unsafe {
         if stride == 1 {
             T::store(src, std::slice::from_raw_parts_mut(p.0.offset(off), n));
@@ -457,12 +522,15 @@ pub fn has_avx2() -> bool {
 pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
+        /// # Safety
+        /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
         unsafe fn avx2<R>(body: impl FnOnce() -> R) -> R {
             body()
         }
         if has_avx2() {
-            // SAFETY: the CPU supports AVX2.
+            // SAFETY: calling a `#[target_feature(enable = "avx2")]` function is sound exactly
+            // when the CPU supports AVX2, which `has_avx2` just checked at run time.
             return unsafe { avx2(body) };
         }
     }
@@ -476,6 +544,12 @@ const FLAT_BLOCK: usize = 64;
 /// single broadcast value. Whole blocks are loaded into fixed-size arrays in the compute type,
 /// mapped, and stored, so the map loop vectorises and an output that aliases an input (in
 /// place) is read before it is written.
+///
+/// # Safety
+/// Each non-broadcast input must be valid for reads at every index in `range`, a broadcast
+/// input at index 0; `out` must be valid for writes at every index in `range`, and no other
+/// task may access those output elements concurrently. An input may alias `out` only with the
+/// same layout (element `i` of both is the same address).
 #[inline(always)]
 unsafe fn flat_map<T: Scalar, const N: usize>(
     ins: [InPtr<T>; N],
@@ -486,7 +560,7 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
 ) {
     let scal: [T::C; N] = std::array::from_fn(|k| {
         if bcast[k] {
-            // SAFETY: a broadcast input has one element.
+            // SAFETY: the caller guarantees a broadcast input is readable at index 0.
             unsafe { ins[k].get(0) }.to_c()
         } else {
             T::C::default()
@@ -499,7 +573,9 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
             if bcast[k] {
                 a[k] = [scal[k]; FLAT_BLOCK];
             } else {
-                // SAFETY: in bounds (caller).
+                // SAFETY: `i + FLAT_BLOCK <= range.end`, so indices `i..i + FLAT_BLOCK` are in
+                // `range`, readable per the caller; the slice is dropped before `out` is
+                // written below, so an aliasing in-place output is not written while it lives.
                 T::load(
                     unsafe { std::slice::from_raw_parts(ins[k].0.add(i), FLAT_BLOCK) },
                     &mut a[k],
@@ -510,7 +586,8 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
         for (j, o) in o.iter_mut().enumerate() {
             *o = f(std::array::from_fn(|k| a[k][j]));
         }
-        // SAFETY: this task owns the output range; the inputs' block was read above.
+        // SAFETY: indices `i..i + FLAT_BLOCK` are in `range`, which this task owns in `out`
+        // (caller); the input slices over the same block were dropped after loading above.
         T::store(&o, unsafe { out.slice(i, FLAT_BLOCK) });
         i += FLAT_BLOCK;
     }
@@ -519,11 +596,12 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
             if bcast[k] {
                 scal[k]
             } else {
-                // SAFETY: in bounds (caller).
+                // SAFETY: `i < range.end`, so `i` is in `range`, readable per the caller.
                 unsafe { ins[k].get(i as isize) }.to_c()
             }
         });
-        // SAFETY: as above.
+        // SAFETY: `i` is in `range`, owned by this task in `out` (caller); element `i` of an
+        // aliasing input was read into `v` above.
         unsafe { out.write(i as isize, T::from_c(f(v))) };
         i += 1;
     }
@@ -576,8 +654,12 @@ pub fn zip_map<T: Scalar, const N: usize>(
         // One flat run: every input contiguous or a broadcast scalar.
         let bcast: [bool; N] = std::array::from_fn(|k| s_in[k] == 0);
         parallel_for(pool, n, GRAIN, |range| {
-            // SAFETY: inputs hold `n` elements (or one, when broadcast); this task owns the
-            // output range.
+            // SAFETY: the output is contiguous (`out_ptr` checked it) with `n` elements, and
+            // `parallel_for` hands each task a disjoint `range` within `0..n`. Each input
+            // broadcasts to the output shape (checked above) and, after coalescing to one dim,
+            // has stride 1 (it reaches offsets `0..n`, so every index of `range` is one of its
+            // elements) or stride 0 (a broadcast scalar: offset 0 is its only element). An
+            // in-place input aliases the output with the same layout, as `flat_map` requires.
             with_simd(|| unsafe { flat_map::<T, N>(ptrs, bcast, op, range, &f) })
         });
         return Ok(());
@@ -590,7 +672,10 @@ pub fn zip_map<T: Scalar, const N: usize>(
             while b < len {
                 let bl = BLOCK.min(len - b);
                 for k in 0..N {
-                    // SAFETY: offsets derive from the input's own shape/strides.
+                    // SAFETY: `walk` yields, for the flat output positions `start + b ..
+                    // start + b + bl`, offsets computed from input k's broadcast strides over
+                    // the output shape (it broadcasts to it, checked above), i.e. offsets of
+                    // elements its own shape and strides reach; broadcast dims add 0.
                     unsafe {
                         load_strided(
                             ptrs[k],
@@ -603,7 +688,10 @@ pub fn zip_map<T: Scalar, const N: usize>(
                 for (j, o) in obuf[..bl].iter_mut().enumerate() {
                     *o = f(std::array::from_fn(|k| bufs[k][j]));
                 }
-                // SAFETY: this task owns output range [start, start+len).
+                // SAFETY: `walk` stays within this task's `range` of the contiguous
+                // `n`-element output, and `parallel_for` ranges are disjoint; the inputs of
+                // this block were copied into `bufs` first, so an in-place alias is not read
+                // after it is written.
                 T::store(&obuf[..bl], unsafe { op.slice(start + b, bl) });
                 b += bl;
             }
@@ -790,19 +878,22 @@ pub fn max_of<C: Num + num_traits::Float>(a: &[C]) -> C {
 /// is the compute type.
 ///
 /// # Safety
-/// `p + off .. p + off + n` in bounds and not written concurrently.
+/// `p + off .. p + off + n` in bounds and not written for the caller-chosen lifetime `'a`.
 #[inline(always)]
 pub unsafe fn c_slice<'a, T: Scalar>(p: InPtr<T>, off: isize, n: usize) -> Option<&'a [T::C]> {
     if n == 0 {
         return T::as_c(&[]);
     }
+    // SAFETY: the caller guarantees the `n` elements from `p + off` are valid and not written
+    // while the slice lives.
     T::as_c(unsafe { std::slice::from_raw_parts(p.0.offset(off), n) })
 }
 
 /// Mutable form of [`c_slice`] for an output.
 ///
 /// # Safety
-/// In bounds and owned by the caller's task.
+/// `p + off .. p + off + n` in bounds, and accessed by nobody but the returned slice for the
+/// caller-chosen lifetime `'a`.
 #[inline(always)]
 pub unsafe fn c_slice_mut<'a, T: Scalar>(
     p: OutPtr<T>,
@@ -812,5 +903,7 @@ pub unsafe fn c_slice_mut<'a, T: Scalar>(
     if n == 0 {
         return T::as_c_mut(&mut []);
     }
+    // SAFETY: the caller guarantees the `n` elements from `p + off` are in bounds and
+    // exclusively this slice's while it lives.
     T::as_c_mut(unsafe { std::slice::from_raw_parts_mut(p.0.offset(off), n) })
 }

@@ -367,8 +367,12 @@ fn relu_inplace_aliasing_output() {
     let mut buf = v.clone();
     let shape = [100_000usize];
     let p = buf.as_mut_ptr();
-    // SAFETY: the buffer outlives both views; the kernel reads each block before writing it.
+    // SAFETY: `buf` holds 100_000 initialised f64s at `p`, outlives both views (they are
+    // dropped with `inputs`/`outs` before `buf` is read below) and is used through nothing
+    // else meanwhile; the input aliases the output with the same layout, the one aliasing
+    // `from_raw` allows (an in-place call).
     let input = unsafe { TensorRef::from_raw(DType::F64, shape.to_vec(), vec![1], p as *const u8) };
+    // SAFETY: as above: a dense [100_000] f64 buffer, exclusive but for the in-place input.
     let out = unsafe { TensorMut::from_raw_contiguous(DType::F64, &shape, p as *mut u8) };
     let inputs = [Some(input)];
     let mut outs = [out];

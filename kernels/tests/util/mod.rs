@@ -140,10 +140,13 @@ impl Strided {
         let n = t.numel();
         {
             let p = storage.view_mut().ptr();
-            // SAFETY: the storage holds n elements of es bytes.
             let dst_bytes: &mut [u8] = if n == 0 {
                 &mut []
             } else {
+                // SAFETY: `storage` is a fresh, zero-filled contiguous tensor of `n` elements
+                // of `es` bytes (the reversed shape has the same numel), so `p` points to
+                // `n * es` initialised bytes; `u8` needs no alignment, and `storage` is not
+                // touched otherwise until `dst_bytes` is dropped at the end of this block.
                 unsafe { std::slice::from_raw_parts_mut(p, n * es) }
             };
             let cs = contiguous_strides(&shape);
