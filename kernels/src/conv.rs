@@ -167,10 +167,32 @@ struct Geom {
 }
 
 impl Geom {
-    fn new(x: &TensorRef, wt: &TensorRef, s: usize, p: usize) -> Geom {
-        let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-        let (o, kh, kw) = (wt.shape[0], wt.shape[2], wt.shape[3]);
-        Geom {
+    /// The geometry of `x` (N, C, H, W) and `wt` (O, C, KH, KW). Checks again what the shape
+    /// function checked, in overflow-free arithmetic, because the raw-pointer `gemm` calls rely
+    /// on it: the kernels may be called directly, with a `KernelCtx` no inference has seen.
+    fn new(x: &TensorRef, wt: &TensorRef, s: usize, p: usize) -> Result<Geom> {
+        let bad = |why: &str| {
+            Err(Error::internal(format!(
+                "conv2d: {why} (input {:?}, weight {:?}, stride {s}, padding {p})",
+                x.shape, wt.shape
+            )))
+        };
+        let (&[n, c, h, w], &[o, wc, kh, kw]) = (x.shape.as_slice(), wt.shape.as_slice()) else {
+            return bad("input and weight must be 4-D");
+        };
+        if wc != c || s == 0 {
+            return bad("channel mismatch or zero stride");
+        }
+        let out_len = |len: usize, k: usize| {
+            p.checked_mul(2)
+                .and_then(|pp| len.checked_add(pp))
+                .and_then(|v| v.checked_sub(k))
+                .map(|v| v / s + 1)
+        };
+        let (Some(oh), Some(ow)) = (out_len(h, kh), out_len(w, kw)) else {
+            return bad("kernel larger than the padded input, or sizes overflow");
+        };
+        let g = Geom {
             n,
             c,
             h,
@@ -178,11 +200,40 @@ impl Geom {
             o,
             kh,
             kw,
-            oh: (h + 2 * p - kh) / s + 1,
-            ow: (w + 2 * p - kw) / s + 1,
+            oh,
+            ow,
             s,
             p,
+        };
+        // every product the kernels form (0 when a factor is 0) must fit in usize
+        let fits = |d: &[usize]| {
+            d.contains(&0)
+                || d.iter()
+                    .try_fold(1usize, |a, &v| a.checked_mul(v))
+                    .is_some()
+        };
+        let products: [&[usize]; 6] = [
+            &[n, c, h, w],
+            &[o, c, kh, kw],
+            &[n, o, oh, ow],
+            &[c, kh, kw],
+            &[kh, kw, oh, ow],
+            &[c, kh, kw, oh, ow],
+        ];
+        if !products.into_iter().all(fits) {
+            return bad("sizes overflow");
         }
+        Ok(g)
+    }
+    /// Err unless a buffer that the `gemm` calls read or write has the length the geometry
+    /// gives it.
+    fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+        if got != want {
+            return Err(Error::internal(format!(
+                "conv2d: {what} has {got} elements, the geometry needs {want}"
+            )));
+        }
+        Ok(())
     }
     /// Output positions per image.
     fn positions(&self) -> usize {
@@ -262,6 +313,12 @@ fn to_c<T: Scalar>(t: &TensorRef) -> Result<Vec<T::C>> {
 
 /// `dst (m x n) = [dst +] lhs (m x k) * rhs (k x n)`, strides in elements (row stride, column
 /// stride), single-threaded.
+///
+/// # Safety
+/// `dst + i * dst_rs + j * dst_cs` must be valid for reads and writes for every `i < m`,
+/// `j < n`, `lhs` for reads at every (`i < m`, `l < k`), `rhs` at every (`l < k`, `j < n`),
+/// all initialised; no other thread may access the dst elements meanwhile, and dst must not
+/// overlap lhs or rhs.
 #[allow(clippy::too_many_arguments)]
 unsafe fn mm<C: Real>(
     m: usize,
@@ -281,6 +338,9 @@ unsafe fn mm<C: Real>(
     if m == 0 || n == 0 || k == 0 {
         return;
     }
+    // SAFETY: `gemm` reads and writes exactly the m x n / m x k / k x n strided elements that
+    // the caller guarantees valid and unaliased (its arguments take column stride before row
+    // stride, as passed here); `Parallelism::None` keeps it on this thread.
     unsafe {
         gemm(
             m,
@@ -320,7 +380,7 @@ where
     let bias = inputs.get(2).and_then(Option::as_ref);
     let s = ctx.attrs.int("stride")? as usize;
     let p = ctx.attrs.int("padding")? as usize;
-    let g = Geom::new(x, wt, s, p);
+    let g = Geom::new(x, wt, s, p)?;
     in_ptr::<T>(x)?;
     let out = ctx.outputs[0].as_mut_slice::<T>()?;
     if out.is_empty() {
@@ -333,6 +393,10 @@ where
         None => vec![T::C::ZERO; g.o],
     };
     let (ckk, pos) = (g.ckk(), g.positions());
+    // the lengths the raw writes and `gemm` reads below rely on (`wc` is [O, C*KH*KW] by
+    // construction of `g` from the weight's shape)
+    Geom::check_len("output", out.len(), g.n * g.o * pos)?;
+    Geom::check_len("bias", bc.len(), g.o)?;
     let mut res = vec![T::C::ZERO; out.len()];
     let rp = OutPtr(res.as_mut_ptr());
     let pb = pos_block(ckk);
@@ -344,13 +408,21 @@ where
             let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
             let width = p1 - p0;
             g.im2col(&xc, img, 0..ckk, p0, p1, &mut col[..ckk * width]);
-            // SAFETY: this task owns out[img, :, p0..p1].
+            // SAFETY: `res` has `n * o * pos` elements (checked above) and `img < n`,
+            // `p0 < pos`, so the offset is inside it.
             let dst = unsafe { rp.ptr().add(img * g.o * pos + p0) };
             for (oc, &bv) in bc.iter().enumerate() {
                 for j in 0..width {
+                    // SAFETY: `oc < o` (bias has o elements, checked above) and `p0 + j < p1
+                    // <= pos`: element [img, oc, p0 + j] of `res`, in the block of positions
+                    // p0..p1 of image img, which task `t` alone writes.
                     unsafe { *dst.add(oc * pos + j) = bv };
                 }
             }
+            // SAFETY: dst is the o x width block [img, :, p0..p1] of `res` (row stride pos),
+            // in bounds and this task's alone, as above; lhs is the o x ckk weight `wc`
+            // (o * ckk elements: it is the weight's values and `g` came from its shape); rhs
+            // is the task-local `col`, ckk x width, just filled. dst aliases neither.
             unsafe {
                 mm(
                     g.o,
@@ -386,12 +458,15 @@ where
     let (gr, x, wt) = (req(inputs, 0)?, req(inputs, 1)?, req(inputs, 2)?);
     let s = ctx.attrs.int("stride")? as usize;
     let p = ctx.attrs.int("padding")? as usize;
-    let g = Geom::new(x, wt, s, p);
+    let g = Geom::new(x, wt, s, p)?;
     in_ptr::<T>(gr)?;
     let gc = to_c::<T>(gr)?;
     let xc = to_c::<T>(x)?;
     let wc = to_c::<T>(wt)?;
     let (ckk, pos, kk) = (g.ckk(), g.positions(), g.kh * g.kw);
+    // the length the `gemm` reads of the gradient rely on (`wc` has o * ckk elements by
+    // construction of `g` from the weight's shape)
+    Geom::check_len("grad", gc.len(), g.n * g.o * pos)?;
 
     // grad_bias[o] = sum over images and positions, in order
     let mut gb = vec![T::C::ZERO; g.o];
@@ -409,7 +484,8 @@ where
                             acc = acc + v;
                         }
                     }
-                    // SAFETY: one task per output channel.
+                    // SAFETY: `oc` is in this task's range within `0..o`, the length of `gb`;
+                    // `parallel_for` ranges are disjoint.
                     unsafe { bp.write(oc as isize, acc) };
                 }
             },
@@ -429,7 +505,11 @@ where
                 let rows = r1 - r0;
                 for img in 0..g.n {
                     g.im2col(&xc, img, r0..r1, 0, pos, &mut col[..rows * pos]);
-                    // SAFETY: this task owns columns r0..r1 of grad_weight.
+                    // SAFETY: dst is the o x rows block [:, r0..r1] of `gw` (o * ckk elements,
+                    // row stride ckk, r1 <= ckk), written only by the task of row block `b`;
+                    // lhs is grad[img], o x pos inside `gc` (n * o * pos elements, checked
+                    // above); rhs is the task-local `col` (rows * pos), read transposed. No
+                    // operand aliases dst.
                     unsafe {
                         mm(
                             g.o,
@@ -465,7 +545,10 @@ where
                     continue;
                 }
                 dcol.fill(T::C::ZERO);
-                // SAFETY: reads within wc/gc; dcol is task-local.
+                // SAFETY: dst is the task-local `dcol`, kk x pos; lhs is W[:, ch]^T, kk x o
+                // with column stride ckk, whose last element ch*kk + kk-1 + (o-1)*ckk is
+                // below o * ckk = wc.len(); rhs is grad[img], o x pos inside `gc` (checked
+                // above). dst aliases neither.
                 unsafe {
                     mm(
                         kk,
@@ -483,7 +566,8 @@ where
                         1,
                     )
                 };
-                // SAFETY: this task owns grad_input[img, ch].
+                // SAFETY: plane (img, ch) of `gi` (n * c * plane elements), with `img < n`,
+                // `ch < c`; task `t` alone handles it.
                 let dst = unsafe { ip.slice((img * g.c + ch) * plane, plane) };
                 for i in 0..kk {
                     let (ki, kj) = (i / g.kw, i % g.kw);

@@ -359,6 +359,13 @@ pub(crate) fn reduce_into<T: Scalar>(
         ));
     }
     let off = gr - os.len();
+    // the raw reads below rely on every output dim being g's or a broadcast 1
+    if (0..os.len()).any(|d| os[d] != g.shape[off + d] && os[d] != 1) {
+        return Err(Error::internal(format!(
+            "reduce target shape {os:?} does not broadcast to the gradient's {:?}",
+            g.shape
+        )));
+    }
     // kept dims: the output's (stride 0 where the output dim is a broadcast 1)
     let mut kept_strides = Vec::with_capacity(os.len());
     let mut red_shape = Vec::new();
@@ -403,18 +410,23 @@ pub(crate) fn reduce_into<T: Scalar>(
             match &red_offsets {
                 Some(offs) => {
                     for &r in offs {
-                        // SAFETY: offsets from g's own shape and strides.
+                        // SAFETY: every output dim is g's or a reduced 1 (checked above), so
+                        // `kept.base(o)` for `o < n_out` is an offset of g over its kept dims
+                        // (reduced ones have stride 0), and `r` one over its reduced dims: the
+                        // sum is an offset g's own shape and strides reach. g is only read.
                         acc = acc.add(unsafe { p.get(base + r) }.to_c());
                     }
                 }
                 None => kernel_core::for_each_row(&red_shape, &red_strides, |rb, len, st| {
                     for j in 0..len as isize {
-                        // SAFETY: as above.
+                        // SAFETY: as above: `rb + j * st`, `j < len`, is an offset of g over
+                        // its reduced dims, from its own shape and strides.
                         acc = acc.add(unsafe { p.get(base + rb + j * st) }.to_c());
                     }
                 }),
             }
-            // SAFETY: each output element is written by exactly one task.
+            // SAFETY: the output is contiguous with `n_out` elements (`out_ptr` checked), `o`
+            // is in this task's `range` within `0..n_out`, and ranges are disjoint.
             unsafe { op.write(o as isize, T::from_c(acc)) };
         }
     });

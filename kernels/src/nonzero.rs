@@ -6,11 +6,13 @@
 //! Counting and filling run over fixed chunks (boundaries depend only on the element count);
 //! each chunk writes its rows at the offset given by the counts of the chunks before it.
 
-use crate::common::{with_numeric, OutPtr, GRAIN};
+use crate::common::{expect_shape, with_numeric, GRAIN};
 use crate::elementwise::req;
 use kernel_core::{
     parallel::chunks, DType, Element, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
 };
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
@@ -39,33 +41,33 @@ fn nonzero_k<T: Element>(ctx: &mut KernelCtx) -> Result<()> {
     let data = x.contiguous::<T>()?;
     let total = data.len();
     let (count, size) = chunks(total, GRAIN);
-    let mut counts = vec![0usize; count];
-    {
-        let cp = OutPtr(counts.as_mut_ptr());
-        run_chunks(pool, count, |c| {
-            let r = &data[c * size..((c + 1) * size).min(total)];
-            let n = r.iter().filter(|v| !v.is_zero()).count();
-            // SAFETY: one task per chunk.
-            unsafe { cp.write(c as isize, n) };
-        });
-    }
-    let mut offsets = Vec::with_capacity(count);
-    let mut n = 0usize;
-    for &c in &counts {
-        offsets.push(n);
-        n += c;
-    }
+    // one slot per chunk (safe: one relaxed store per chunk of GRAIN elements)
+    let slots: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+    run_chunks(pool, count, |c| {
+        let r = &data[c * size..((c + 1) * size).min(total)];
+        let n = r.iter().filter(|v| !v.is_zero()).count();
+        slots[c].store(n, Ordering::Relaxed);
+    });
+    let counts: Vec<usize> = slots.into_iter().map(AtomicUsize::into_inner).collect();
+    let n: usize = counts.iter().sum();
     let mut out = ctx.alloc_output(0, &[n, rank])?;
+    expect_shape("nonzero output", &out.shape, &[n, rank])?;
     if n == 0 || rank == 0 {
         return Ok(());
     }
-    let o = out.as_mut_slice::<i64>()?;
-    let op = OutPtr(o.as_mut_ptr());
+    // chunk c's rows (counts[c] of them, after those of the chunks before it), split off
+    // safely; each is locked once, by the task of its chunk
+    let mut rest = out.as_mut_slice::<i64>()?;
+    let mut parts = Vec::with_capacity(count);
+    for &c in &counts {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(c * rank);
+        parts.push(Mutex::new(head));
+        rest = tail;
+    }
     run_chunks(pool, count, |c| {
         let start = c * size;
         let end = ((c + 1) * size).min(total);
-        // SAFETY: this chunk owns rows offsets[c] .. offsets[c] + counts[c].
-        let rows = unsafe { op.slice(offsets[c] * rank, counts[c] * rank) };
+        let mut rows = parts[c].lock().unwrap_or_else(|e| e.into_inner());
         // multi-index of `start`, advanced like an odometer
         let mut idx = vec![0usize; rank];
         let mut rem = start;

@@ -9,8 +9,8 @@
 
 use crate::common::Num;
 use crate::common::{
-    c_slice, c_slice_mut, contiguous_lanes, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr,
-    store_strided, sum_map, with_float, with_simd, Lanes, Real, Scalar,
+    c_slice, c_slice_mut, contiguous_lanes, expect_shape, fmt_dims, in_ptr, lane_grain,
+    load_strided, out_ptr, store_strided, sum_map, with_float, with_simd, Lanes, Real, Scalar,
 };
 use crate::elementwise::req;
 use kernel_core::{
@@ -107,7 +107,9 @@ where
 {
     let mut wb = vec![T::C::ONE; n];
     if let Some(w) = w {
-        // SAFETY: the shape function checked w is [n].
+        expect_shape("weight", &w.shape, &[n])?;
+        // SAFETY: w has shape [n] (checked just above), so offsets `j * strides[0]`, `j < n`,
+        // are its elements; it is only read.
         unsafe { load_strided(in_ptr::<T>(w)?, 0, w.strides[0], &mut wb) };
     }
     Ok(wb)
@@ -128,6 +130,7 @@ where
     let n = lx.n;
     let wb = weight_c::<T>(inputs.get(1).and_then(Option::as_ref), n)?;
     let out = &mut ctx.outputs[0];
+    expect_shape("rms_norm output", &out.shape, &x.shape)?;
     let lout = contiguous_lanes(&out.shape, out.rank().saturating_sub(1));
     let (p, o) = (in_ptr::<T>(x)?, out_ptr::<T>(out)?);
     if n == 0 || lx.count == 0 {
@@ -139,7 +142,10 @@ where
         with_simd(|| {
             let (mut buf, mut obuf) = (Vec::new(), Vec::new());
             for lane in range {
-                // SAFETY: lanes come from the tensors' own shapes; one task per output row.
+                // SAFETY: x and the output have the same shape (checked above), so row
+                // `lane < lx.count` has `n` elements in both, at offsets each view's shape and
+                // strides reach (the output is contiguous, `out_ptr` checked it);
+                // `parallel_for` gives each row to one task, so its output is this task's.
                 unsafe {
                     let (src, dst) = if direct {
                         (
@@ -191,6 +197,8 @@ where
     let n = lx.n;
     let wb = weight_c::<T>(inputs.get(2).and_then(Option::as_ref), n)?;
     let (gx_out, gw_out) = ctx.outputs.split_at_mut(1);
+    expect_shape("rms_norm_backward grad", &g.shape, &x.shape)?;
+    expect_shape("rms_norm_backward grad_input", &gx_out[0].shape, &x.shape)?;
     let lout = contiguous_lanes(&gx_out[0].shape, gx_out[0].rank().saturating_sub(1));
     let (pg, px) = (in_ptr::<T>(g)?, in_ptr::<T>(x)?);
     let o = out_ptr::<T>(&mut gx_out[0])?;
@@ -211,7 +219,8 @@ where
         let mut xb = vec![T::C::ZERO; n];
         let mut acc = vec![T::C::ZERO; n];
         for lane in c * size..((c + 1) * size).min(rows) {
-            // SAFETY: as in rms_norm.
+            // SAFETY: g has x's shape (checked above), so row `lane < lx.count` has `n`
+            // elements in both; they are only read.
             unsafe {
                 load_strided(pg, lg.base(lane), lg.stride, &mut gb);
                 load_strided(px, lx.base(lane), lx.stride, &mut xb);
@@ -228,6 +237,8 @@ where
                 acc[j] = acc[j] + gb[j] * xb[j] * r;
                 gb[j] = r * gb[j] * wb[j] - k * xb[j];
             }
+            // SAFETY: grad_input has x's shape (checked above), so row `lane` has `n ==
+            // gb.len()` elements; the rows of chunk `c` are given to this task alone.
             unsafe { store_strided(o, lout.base(lane), lout.stride, &gb) };
         }
         *partials[c].lock().unwrap_or_else(|e| e.into_inner()) = acc;

@@ -8,9 +8,9 @@
 //! with f32 `exp` from `vmath`.
 
 use crate::common::{
-    c_slice, c_slice_mut, contiguous_lanes, dims_compatible, fmt_dims, in_ptr, lane_grain,
-    load_strided, max_of, out_ptr, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes,
-    Num, Real, Scalar, ACC,
+    c_slice, c_slice_mut, contiguous_lanes, dims_compatible, expect_shape, fmt_dims, in_ptr,
+    lane_grain, load_strided, max_of, out_ptr, store_strided, sum_zip, tree_sum, with_float,
+    with_simd, Lanes, Num, Real, Scalar, ACC,
 };
 use crate::elementwise::req;
 use kernel_core::{
@@ -78,6 +78,7 @@ where
     let axis = normalize_axis(ctx.attrs.int("axis")?, x.rank())?;
     let lin = Lanes::new(&x.shape, &x.strides, axis);
     let out = &mut ctx.outputs[0];
+    expect_shape("softmax output", &out.shape, &x.shape)?;
     let lout = contiguous_lanes(&out.shape, axis);
     let (p, o) = (in_ptr::<T>(x)?, out_ptr::<T>(out)?);
     let n = lin.n;
@@ -90,8 +91,11 @@ where
             let mut buf = Vec::new();
             let mut obuf = Vec::new();
             for lane in range {
-                // SAFETY: lanes come from the tensors' own shapes and strides; each output
-                // lane is written by one task.
+                // SAFETY: x and the output have the same shape (checked above), so lane
+                // `lane < lin.count` has `n` elements in both, at offsets `base(lane) + j *
+                // stride` that each view's own shape and strides reach (the output is
+                // contiguous, `out_ptr` checked it). `parallel_for` gives each lane to one
+                // task, so the output elements written here are this task's alone.
                 unsafe {
                     let (src, dst) = if direct {
                         (
@@ -160,6 +164,8 @@ where
     let lg = Lanes::new(&g.shape, &g.strides, axis);
     let ly = Lanes::new(&y.shape, &y.strides, axis);
     let out = &mut ctx.outputs[0];
+    expect_shape("softmax_backward grad", &g.shape, &y.shape)?;
+    expect_shape("softmax_backward output", &out.shape, &y.shape)?;
     let lout = contiguous_lanes(&out.shape, axis);
     let (pg, py, o) = (in_ptr::<T>(g)?, in_ptr::<T>(y)?, out_ptr::<T>(out)?);
     let n = ly.n;
@@ -171,7 +177,9 @@ where
         with_simd(|| {
             let (mut gb, mut yb, mut ob) = (Vec::new(), Vec::new(), Vec::new());
             for lane in range {
-                // SAFETY: as in softmax.
+                // SAFETY: g, y and the output have the same shape (checked above), so each
+                // lane's `n` elements are in bounds of all three, as in softmax; one task
+                // per output lane.
                 unsafe {
                     let parts = if direct {
                         (

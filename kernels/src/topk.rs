@@ -9,8 +9,8 @@
 //! input is one lane of length 1: k = 1 gives rank-0 outputs, k = 0 gives outputs of shape [0].
 
 use crate::common::{
-    c_slice, contiguous_lanes, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr, store_strided,
-    with_numeric, with_simd, Lanes, Num, OutPtr, Scalar,
+    c_slice, contiguous_lanes, expect_shape, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr,
+    store_strided, with_numeric, with_simd, Lanes, Num, OutPtr, Scalar,
 };
 use crate::elementwise::req;
 use kernel_core::{
@@ -156,6 +156,20 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
     let axis = normalize_axis(ctx.attrs.int("axis")?, x.rank())?;
     let lin = Lanes::new(&x.shape, &x.strides, axis);
     let (vo, io) = ctx.outputs.split_at_mut(1);
+    // the shapes the writes below rely on (as topk_infer gives them)
+    let want = if x.rank() == 0 {
+        if k == 1 {
+            vec![]
+        } else {
+            vec![0]
+        }
+    } else {
+        let mut d = x.shape.clone();
+        d[axis] = k;
+        d
+    };
+    expect_shape("topk values", &vo[0].shape, &want)?;
+    expect_shape("topk indices", &io[0].shape, &want)?;
     let lout = contiguous_lanes(&vo[0].shape, axis.min(vo[0].rank().saturating_sub(1)));
     let (p, ov) = (in_ptr::<T>(x)?, out_ptr::<T>(&mut vo[0])?);
     let oi: OutPtr<i64> = out_ptr::<i64>(&mut io[0])?;
@@ -174,8 +188,9 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
             let (mut bv, mut bi) = (Vec::with_capacity(k + 1), Vec::with_capacity(k + 1));
             let mut vout = vec![T::C::ZERO; k];
             for lane in range {
-                // SAFETY: lanes come from the tensors' own shapes; one task per output lane.
                 let src = if direct {
+                    // SAFETY: lane `lane < lin.count` of x has `n` elements at stride 1 from
+                    // `lin.base(lane)`, offsets x's shape and strides reach; x is only read.
                     unsafe { c_slice::<T>(p, lin.base(lane), n) }
                 } else {
                     None
@@ -184,6 +199,8 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
                     Some(s) => s,
                     None => {
                         vals.resize(n, T::C::ZERO);
+                        // SAFETY: the `n` elements of lane `lane` of x, as above, at its
+                        // stride.
                         unsafe { load_strided(p, lin.base(lane), lin.stride, &mut vals) };
                         &vals[..]
                     }
@@ -191,9 +208,15 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
                 let base = lout.base(lane);
                 if k <= SMALL_K {
                     top_k_scan(src, k, largest, &mut bv, &mut bi);
+                    // The writes below: both outputs have x's shape with k along
+                    // `axis` (checked above), so output lane `lane` has k elements at
+                    // `base + j * lout.stride`; the scan returns `k <= n` entries (checked
+                    // above), and `parallel_for` gives the lane to this task alone.
                     for (j, &i) in bi.iter().enumerate() {
+                        // SAFETY: see above; `j < k`.
                         unsafe { oi.write(base + j as isize * lout.stride, i as i64) };
                     }
+                    // SAFETY: see above; `bv.len() == k`.
                     unsafe { store_strided(ov, base, lout.stride, &bv) };
                     continue;
                 }
@@ -210,8 +233,11 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
                 }
                 for (j, &(v, i)) in items[..k].iter().enumerate() {
                     vout[j] = v;
+                    // SAFETY: `j < k`, an element of output lane `lane`, which is this
+                    // task's (as in the scan branch).
                     unsafe { oi.write(base + j as isize * lout.stride, i as i64) };
                 }
+                // SAFETY: `vout.len() == k`, the elements of this task's output lane.
                 unsafe { store_strided(ov, base, lout.stride, &vout) };
             }
         })
@@ -317,6 +343,26 @@ fn topk_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
         Lanes::new(&ind.shape, &ind.strides, gaxis),
     );
     let n = if x.rank() == 0 { 1 } else { x.shape[axis] };
+    // the shapes the raw reads and writes below rely on (as topk_backward_infer checks them)
+    expect_shape("topk_backward indices", &ind.shape, &g.shape)?;
+    let g_ok = if x.rank() == 0 {
+        g.shape.is_empty() || g.shape == [0]
+    } else {
+        g.rank() == x.rank()
+            && (0..x.rank()).all(|d| {
+                if d == axis {
+                    g.shape[d] <= x.shape[d]
+                } else {
+                    g.shape[d] == x.shape[d]
+                }
+            })
+    };
+    if !g_ok {
+        return Err(Error::internal(format!(
+            "topk_backward grad has shape {:?}, not a topk result of x with shape {:?}",
+            g.shape, x.shape
+        )));
+    }
     // validate every index before writing anything
     let idx = ind.contiguous::<i64>()?;
     if let Some(bad) = idx.iter().find(|&&i| i < 0 || i as usize >= n) {
@@ -325,6 +371,7 @@ fn topk_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
         )));
     }
     let out = &mut ctx.outputs[0];
+    expect_shape("topk_backward output", &out.shape, &x.shape)?;
     let lout = contiguous_lanes(&out.shape, axis);
     let (pg, pi, o) = (in_ptr::<T>(g)?, in_ptr::<i64>(ind)?, out_ptr::<T>(out)?);
     let k = lg.n;
@@ -337,14 +384,19 @@ fn topk_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
         for lane in range {
             acc.fill(T::C::ZERO);
             if k > 0 {
-                // SAFETY: lanes come from the tensors' own shapes; indices validated above.
+                // SAFETY: g matches x in every dim but `axis` (checked above), so it has
+                // `lout.count` lanes along it and lane `lane` has `k` elements; g is only read.
                 unsafe { load_strided(pg, lg.base(lane), lg.stride, &mut gb) };
                 let ib = li.base(lane);
                 for (j, &gv) in gb.iter().enumerate() {
+                    // SAFETY: indices has g's shape (checked above), so `j < k` is an element
+                    // of its lane `lane`.
                     let i = unsafe { pi.get(ib + j as isize * li.stride) } as usize;
                     acc[i] = acc[i].add(gv);
                 }
             }
+            // SAFETY: the output has x's shape (checked above): lane `lane < lout.count` has
+            // `n == acc.len()` elements, and `parallel_for` gives it to this task alone.
             unsafe { store_strided(o, lout.base(lane), lout.stride, &acc) };
         }
     });
