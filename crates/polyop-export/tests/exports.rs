@@ -46,14 +46,19 @@ polyop_export::library_exports!(
 
 fn call_infer(req: &str) -> Value {
     let c = CString::new(req).unwrap();
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
     let p = unsafe { polyop_infer(c.as_ptr()) };
+    // SAFETY: `polyop_infer` returns a NUL-terminated string (never null), released below.
     let s = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
+    // SAFETY: `p` came from `polyop_infer` and is released once, after its last use above.
     unsafe { polyop_free_string(p) };
     serde_json::from_str(&s).unwrap()
 }
 
 #[test]
 fn info_describes_the_registry() {
+    // SAFETY: `polyop_library_info` returns a NUL-terminated string in a static `OnceLock`,
+    // alive for the whole program.
     let s = unsafe { CStr::from_ptr(polyop_library_info()) }
         .to_str()
         .unwrap();
@@ -114,6 +119,9 @@ fn run_on_raw_buffers() {
     }];
     let op = CString::new("twice").unwrap();
     let attrs = CString::new("{}").unwrap();
+    // SAFETY: both strings are NUL-terminated; the input reads x[0], x[2], x[4] (shape 3,
+    // stride 2, inside the 6 f32s of `x`), the output is the 3 dense f32s of `out`; all of
+    // them and the shape/stride arrays outlive the call, and `out` does not alias `x`.
     let e = unsafe {
         polyop_run(
             op.as_ptr(),
@@ -134,6 +142,7 @@ fn run_on_raw_buffers() {
         data: small.as_mut_ptr() as *mut u8,
         ..outs[0]
     }];
+    // SAFETY: as above, with the output the 2 dense f32s of `small` (its declared shape).
     let e = unsafe {
         polyop_run(
             op.as_ptr(),
@@ -145,8 +154,76 @@ fn run_on_raw_buffers() {
         )
     };
     assert!(!e.is_null());
+    // SAFETY: a non-null result is an error JSON string, released below.
     let msg = unsafe { CStr::from_ptr(e) }.to_str().unwrap().to_string();
+    // SAFETY: `e` came from `polyop_run` and is released once, after its last use.
     unsafe { polyop_free_string(e) };
     assert!(msg.contains("output 0 buffer"), "{msg}");
     assert_eq!(small, [9.0, 9.0]);
+}
+
+/// Run `twice` with one input descriptor; the error message, if any.
+fn run_with_input(input: PolyopTensor, out: &mut [f32]) -> Option<String> {
+    let f32n = CString::new("float32").unwrap();
+    let shape = [out.len() as i64];
+    let outs = [PolyopTensor {
+        dtype: f32n.as_ptr(),
+        ndim: 1,
+        shape: shape.as_ptr(),
+        strides: std::ptr::null(),
+        data: out.as_mut_ptr() as *mut u8,
+    }];
+    let op = CString::new("twice").unwrap();
+    // SAFETY: the strings are NUL-terminated, the output is `out` (dense, its declared
+    // shape), and the callers pass input descriptors that are valid or that `run_raw` refuses
+    // before reading through them (null dtype, negative ndim or dim); all outlive the call.
+    let e = unsafe { polyop_run(op.as_ptr(), std::ptr::null(), &input, 1, outs.as_ptr(), 1) };
+    if e.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null result is an error JSON string, released below.
+    let msg = unsafe { CStr::from_ptr(e) }.to_str().unwrap().to_string();
+    // SAFETY: `e` came from `polyop_run` and is released once.
+    unsafe { polyop_free_string(e) };
+    Some(msg)
+}
+
+#[test]
+fn malformed_descriptors_are_refused_before_any_read() {
+    let x = [1.0f32, 2.0];
+    let f32n = CString::new("float32").unwrap();
+    let two = [2i64];
+    let good = PolyopTensor {
+        dtype: f32n.as_ptr(),
+        ndim: 1,
+        shape: two.as_ptr(),
+        strides: std::ptr::null(),
+        data: x.as_ptr() as *mut u8,
+    };
+    let mut out = [0f32; 2];
+    assert_eq!(run_with_input(good, &mut out), None);
+    assert_eq!(out, [2.0, 4.0]);
+    // a negative ndim with data (not the absent-input marker): `shape` is dangling here, and
+    // used to be read for `ndim as usize` (huge) entries
+    let bad_ndim = PolyopTensor {
+        ndim: -3,
+        shape: std::ptr::NonNull::<i64>::dangling().as_ptr(),
+        ..good
+    };
+    let msg = run_with_input(bad_ndim, &mut out).expect("refused");
+    assert!(msg.contains("bad tensor descriptor"), "{msg}");
+    let null_dtype = PolyopTensor {
+        dtype: std::ptr::null(),
+        ..good
+    };
+    let msg = run_with_input(null_dtype, &mut out).expect("refused");
+    assert!(msg.contains("bad tensor descriptor"), "{msg}");
+    let neg = [-2i64];
+    let neg_dim = PolyopTensor {
+        shape: neg.as_ptr(),
+        ..good
+    };
+    let msg = run_with_input(neg_dim, &mut out).expect("refused");
+    assert!(msg.contains("negative dim"), "{msg}");
+    assert_eq!(out, [2.0, 4.0], "nothing written by refused calls");
 }
