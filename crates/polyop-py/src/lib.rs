@@ -311,8 +311,10 @@ impl<'a> OutputAllocator<'a> for NumpyOutputs {
             let (arr, ptr) = new_array(py, dtype, shape)
                 .map_err(|e| Error::internal(format!("allocating a NumPy output: {e}")))?;
             self.arrays.push(arr.unbind());
-            // SAFETY: a fresh C-contiguous array of this dtype and shape, kept alive in
-            // `self.arrays` and written only by the kernel of this call.
+            // SAFETY: a fresh C-contiguous, aligned array of this dtype and shape (from
+            // `np.empty`: uninitialised, which `from_raw` allows for outputs), kept alive in
+            // `self.arrays` past the kernel call, and seen by no Python code until it returns,
+            // so written only by the kernel of this call.
             Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr as *mut u8) })
         })
     }
@@ -360,11 +362,17 @@ fn run<'py>(
     op.check_inputs(&dtypes).map_err(|e| py_type_err(&e))?;
     let attrs = bind_attrs(op, attrs)?;
 
-    // SAFETY: every view points into an array kept alive by `ins` for the rest of this call,
-    // with the array's own shape, element strides and (checked) alignment.
     let refs: Vec<Option<TensorRef>> = ins
         .iter()
         .map(|a| {
+            // SAFETY: the view points into an array that `ins` keeps alive until after `refs`
+            // is dropped, with the array's own shape and strides (in whole elements, else
+            // `read_array` made a copy), checked alignment and a native-order dtype matching
+            // `a.dtype`, so every offset it reaches is a readable element. Two parts of
+            // `TensorRef::from_raw`'s contract are not enforced here (known gaps, issue 12
+            // item 5): the kernel runs with the GIL released, so another Python thread could
+            // write an input array meanwhile; and a NumPy bool array can hold bytes other than
+            // 0 and 1 (through `.view(bool)`).
             a.as_ref().map(|a| unsafe {
                 TensorRef::from_raw(
                     a.dtype,
