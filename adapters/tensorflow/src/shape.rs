@@ -7,7 +7,8 @@
 //! static, a dim they change (topk's `k` axis, conv2d's spatial dims) becomes unknown (`?`).
 //! `polyop.tensorflow` wrappers then set the exact static shapes from the real attribute values.
 
-use crate::ffi::*;
+use crate::sys::*;
+use crate::tensor::dtype_from_tf;
 use kernel_core::{ArgType, AttrValue, Attrs, DType, Dim, Error, OpDef, Result, TensorSpec};
 use std::ffi::CString;
 
@@ -152,31 +153,6 @@ pub fn present_inputs(op: &OpDef, num_flat: usize) -> Option<Vec<bool>> {
             .map(|a| a.ty != ArgType::OptionalTensor || extra == optional)
             .collect(),
     )
-}
-
-pub fn dtype_from_tf(t: TF_DataType) -> Option<DType> {
-    Some(match t {
-        TF_HALF => DType::F16,
-        TF_BFLOAT16 => DType::BF16,
-        TF_FLOAT => DType::F32,
-        TF_DOUBLE => DType::F64,
-        TF_INT32 => DType::I32,
-        TF_INT64 => DType::I64,
-        TF_BOOL => DType::Bool,
-        _ => return None,
-    })
-}
-
-pub fn dtype_to_tf(d: DType) -> TF_DataType {
-    match d {
-        DType::F16 => TF_HALF,
-        DType::BF16 => TF_BFLOAT16,
-        DType::F32 => TF_FLOAT,
-        DType::F64 => TF_DOUBLE,
-        DType::I32 => TF_INT32,
-        DType::I64 => TF_INT64,
-        DType::Bool => TF_BOOL,
-    }
 }
 
 /// Owned shape handle.

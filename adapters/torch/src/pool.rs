@@ -3,7 +3,7 @@
 //! cores torch already uses. Partitioning is decided by kernel-core (fixed chunks), so results
 //! do not depend on the thread count.
 
-use crate::ffi;
+use crate::sys as ffi;
 use kernel_core::{PanicSlot, ThreadPool};
 use std::ffi::c_void;
 

@@ -54,8 +54,6 @@ extern "C" {
         extension_build_version: u64,
     ) -> AOTITorchError;
     pub fn torch_tag_dynamic_output_shape() -> i32;
-    pub fn torch_tag_data_dependent_output() -> i32;
-    pub fn torch_tag_pt2_compliant_tag() -> i32;
 
     // constants
     pub fn aoti_torch_device_type_cpu() -> i32;

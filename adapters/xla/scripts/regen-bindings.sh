@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate adapters/xla/src/ffi_sys.rs from the XLA FFI C API header shipped in the
+# Regenerate adapters/xla/src/sys.rs from the XLA FFI C API header shipped in the
 # installed jaxlib wheel. The bindings are committed (like ort-sys does), so building the
 # adapter needs neither libclang nor bindgen. Re-run this after changing the pinned jaxlib
 # version (ci/requirements.lock), then update PINNED_JAXLIB below and in src/lib.rs.
@@ -21,7 +21,7 @@ if [ "$jaxlib_version" != "$PINNED_JAXLIB" ]; then
 fi
 header="$site/jaxlib/include/xla/ffi/api/c_api.h"
 export LIBCLANG_PATH="${LIBCLANG_PATH:-$site/clang/native}"
-out="$here/src/ffi_sys.rs"
+out="$here/src/sys.rs"
 # The pip libclang ships no builtin headers (stddef.h): borrow the compiler's.
 builtin_inc="${CLANG_BUILTIN_INCLUDE:-$(dirname "$(gcc -print-file-name=include/stddef.h)")}"
 {

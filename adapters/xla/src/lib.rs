@@ -1,8 +1,8 @@
 //! polyop adapter for XLA: every op of a kernel-core [`Registry`] as an XLA typed-FFI
 //! custom-call target.
 //!
-//! - [`handler::handle`] is the one generic handler (call frame -> views -> kernel), written
-//!   against `xla/ffi/api/c_api.h` (bindings in [`ffi_sys`], generated once with bindgen from
+//! - [`call::handle`] is the one generic handler (call frame -> views -> kernel), written
+//!   against `xla/ffi/api/c_api.h` (bindings in [`sys`], generated once with bindgen from
 //!   the pinned jaxlib and committed; see `scripts/regen-bindings.sh`).
 //! - XLA needs one C symbol per target, while the adapter knows no op: [`export!`] takes a
 //!   target prefix, a registry and a list of op names and emits, for each, an `extern "C"`
@@ -14,6 +14,13 @@
 //! From Python: `jax.ffi.register_ffi_target("polyop_topk",
 //! jax.ffi.pycapsule(ctypes.cdll.LoadLibrary(path).polyop_topk), platform="cpu")`.
 
+mod attrs;
+pub mod call;
+mod error;
+mod pool;
+mod register;
+/// The raw bindings (bindgen, committed). Public only for tests that build call frames.
+#[doc(hidden)]
 #[allow(
     non_upper_case_globals,
     non_camel_case_types,
@@ -21,12 +28,12 @@
     dead_code,
     clippy::all
 )]
-pub mod ffi_sys;
-pub mod handler;
-pub mod pool;
+pub mod sys;
+mod tensor;
 
-pub use handler::{handle, handle_with, OpState, API_MAJOR, API_MINOR, PINNED_JAXLIB};
+pub use call::{handle, handle_with, OpState};
 pub use kernel_core::Registry;
+pub use register::{API_MAJOR, API_MINOR, PINNED_JAXLIB};
 
 /// Build an XLA / JAX library from a registry: in a `cdylib` crate,
 ///
@@ -37,7 +44,7 @@ pub use kernel_core::Registry;
 /// exports one XLA typed-FFI handler per listed op, as symbol `<prefix><name>` (XLA needs one
 /// C symbol per target and a macro cannot see a runtime registry, so the op names are listed;
 /// `python -m polyop check` reports registry ops without a symbol), each delegating to the
-/// generic [`handler::handle`] on the registry (an expression of type `&'static Registry`).
+/// generic [`call::handle`] on the registry (an expression of type `&'static Registry`).
 /// Also exports the polyop library functions (`polyop_library_info`, `polyop_infer`,
 /// `polyop_run`; see the `polyop-export` crate) for `polyop.jax.load(path)` and the checker,
 /// plus `EXPORTED_OPS` (the names) and module `xla_handlers` for Rust tests. `$prefix` must be
@@ -60,12 +67,12 @@ macro_rules! export {
                 /// Called by XLA with a valid call frame.
                 #[export_name = concat!($prefix, stringify!($name))]
                 pub unsafe extern "C" fn $name(
-                    frame: *mut $crate::ffi_sys::XLA_FFI_CallFrame,
-                ) -> *mut $crate::ffi_sys::XLA_FFI_Error {
-                    static STATE: $crate::handler::OpState = $crate::handler::OpState::new();
+                    frame: *mut $crate::sys::XLA_FFI_CallFrame,
+                ) -> *mut $crate::sys::XLA_FFI_Error {
+                    static STATE: $crate::call::OpState = $crate::call::OpState::new();
                     let registry: &'static $crate::Registry = $registry;
                     unsafe {
-                        $crate::handler::handle_with(registry, stringify!($name), &STATE, frame)
+                        $crate::call::handle_with(registry, stringify!($name), &STATE, frame)
                     }
                 }
             )+

@@ -9,7 +9,7 @@
 //! A helper that starts after all indices are claimed exits without touching the closure.
 //! The shared state is reference-counted, so such a late helper never sees freed memory.
 
-use crate::ffi_sys as sys;
+use crate::sys;
 use kernel_core::{PanicSlot, ThreadPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -68,7 +68,7 @@ impl XlaPool {
             };
             let err = unsafe { num_threads_fn(&mut args) };
             if !err.is_null() {
-                unsafe { crate::handler::destroy_error(self.api, err) };
+                unsafe { crate::error::destroy_error(self.api, err) };
                 return 0;
             }
             n.max(0) as usize
@@ -162,7 +162,7 @@ impl ThreadPool for XlaPool {
                     // Not scheduled: reclaim the reference; the caller does the work.
                     unsafe {
                         drop(Box::from_raw(data as *mut Arc<Shared>));
-                        crate::handler::destroy_error(self.api, err);
+                        crate::error::destroy_error(self.api, err);
                     }
                     break;
                 }

@@ -1,7 +1,7 @@
 //! The generic handler driven through hand-built call frames and a fake `XLA_FFI_Api` (no
 //! JAX needed): exports, metadata/version query, attributes, optional operands, errors.
 
-use polyop_xla::ffi_sys as sys;
+use polyop_xla::sys;
 use polyop_xla::{xla_handlers, EXPORTED_OPS};
 use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;

@@ -1,0 +1,103 @@
+//! Framework tensors in and out: dtype mapping, input views of `TF_Tensor`s, and the output
+//! allocator (`TF_AllocateOutput`) that kernel-core's call path asks for memory.
+
+use crate::sys::*;
+use kernel_core::op::OutputAllocator;
+use kernel_core::{contiguous_strides, numel, DType, Error, Result, TensorMut, TensorRef};
+
+pub fn dtype_from_tf(t: TF_DataType) -> Option<DType> {
+    Some(match t {
+        TF_HALF => DType::F16,
+        TF_BFLOAT16 => DType::BF16,
+        TF_FLOAT => DType::F32,
+        TF_DOUBLE => DType::F64,
+        TF_INT32 => DType::I32,
+        TF_INT64 => DType::I64,
+        TF_BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+pub fn dtype_to_tf(d: DType) -> TF_DataType {
+    match d {
+        DType::F16 => TF_HALF,
+        DType::BF16 => TF_BFLOAT16,
+        DType::F32 => TF_FLOAT,
+        DType::F64 => TF_DOUBLE,
+        DType::I32 => TF_INT32,
+        DType::I64 => TF_INT64,
+        DType::Bool => TF_BOOL,
+    }
+}
+
+/// Owned `TF_Tensor*` handles, deleted on drop (the tensors stay alive in the context).
+pub(crate) struct Tensors(pub Vec<*mut TF_Tensor>);
+impl Drop for Tensors {
+    fn drop(&mut self) {
+        for &t in &self.0 {
+            // SAFETY: returned by TF_GetInput / TF_AllocateOutput, owned by us.
+            unsafe { TF_DeleteTensor(t) }
+        }
+    }
+}
+
+pub(crate) unsafe fn input_view<'a>(t: *mut TF_Tensor) -> Result<TensorRef<'a>> {
+    let tf_dtype = unsafe { TF_TensorType(t) };
+    let dtype = dtype_from_tf(tf_dtype)
+        .ok_or_else(|| Error::invalid(format!("unsupported TF dtype code {tf_dtype}")))?;
+    let rank = unsafe { TF_NumDims(t) };
+    let shape: Vec<usize> = (0..rank)
+        .map(|d| unsafe { TF_Dim(t, d) } as usize)
+        .collect();
+    let ptr = unsafe { TF_TensorData(t) } as *const u8;
+    let strides = contiguous_strides(&shape);
+    // SAFETY: TF tensors are dense row-major buffers of `shape`, alive for the compute call.
+    Ok(unsafe { TensorRef::from_raw(dtype, shape, strides, ptr) })
+}
+
+/// Outputs allocated by TF (`TF_AllocateOutput`); the handles are released on drop, the
+/// tensors stay in the context.
+pub(crate) struct TfOutputs {
+    pub ctx: *mut TF_OpKernelContext,
+    pub keep: Tensors,
+}
+
+impl<'a> OutputAllocator<'a> for TfOutputs {
+    fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>> {
+        // Dims on the stack for the usual ranks (this runs on every call).
+        let mut small = [0i64; 8];
+        let heap: Vec<i64>;
+        let dims: &[i64] = if shape.len() <= small.len() {
+            for (d, &s) in small.iter_mut().zip(shape) {
+                *d = s as i64;
+            }
+            &small[..shape.len()]
+        } else {
+            heap = shape.iter().map(|&d| d as i64).collect();
+            &heap
+        };
+        let st = Status::new();
+        // SAFETY: the kernel context is live for the compute call that made `self`; the byte
+        // size was overflow-checked by kernel-core's call path.
+        let t = unsafe {
+            TF_AllocateOutput(
+                self.ctx,
+                index as i32,
+                dtype_to_tf(dtype),
+                dims.as_ptr(),
+                dims.len() as i32,
+                numel(shape) * dtype.size(),
+                st.0,
+            )
+        };
+        if !st.ok() || t.is_null() {
+            return Err(Error::internal(format!(
+                "TF_AllocateOutput({index}, {shape:?}) failed: {}",
+                st.message()
+            )));
+        }
+        self.keep.0.push(t);
+        // SAFETY: TF allocated a dense buffer of this shape and dtype for output `index`.
+        Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, TF_TensorData(t) as *mut u8) })
+    }
+}

@@ -1,0 +1,265 @@
+//! Framework tensors in and out: owning tensor handles, torch dtype and device codes, input
+//! views of torch tensors, and the output allocator (`empty_strided`) that kernel-core's call
+//! path asks for memory.
+
+use crate::sys::{self as ffi, AtenTensorHandle};
+use kernel_core::op::OutputAllocator;
+use kernel_core::{DType, Error, OpDef, Result, TensorMut, TensorRef};
+use std::sync::OnceLock;
+
+/// An owning tensor handle, deleted on drop.
+pub(crate) struct Tensor(pub AtenTensorHandle);
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: we own the handle.
+            unsafe { ffi::aoti_torch_delete_tensor_object(self.0) };
+        }
+    }
+}
+
+impl Tensor {
+    pub(crate) fn into_raw(self) -> AtenTensorHandle {
+        let h = self.0;
+        std::mem::forget(self);
+        h
+    }
+    /// A new owning handle to the same tensor.
+    pub(crate) fn share(&self) -> Result<Tensor> {
+        let mut h = std::ptr::null_mut();
+        // SAFETY: self.0 is a valid handle.
+        check(
+            unsafe { ffi::aoti_torch_new_tensor_handle(self.0, &mut h) },
+            "new_tensor_handle",
+        )?;
+        Ok(Tensor(h))
+    }
+}
+
+pub(crate) fn check(rc: i32, what: &str) -> Result<()> {
+    if rc == ffi::SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::internal(format!(
+            "torch call `{what}` failed: {}",
+            ffi::last_error()
+        )))
+    }
+}
+
+/// Shim constants (dtype and device codes are runtime values, not part of the ABI).
+pub(crate) struct Codes {
+    cpu: i32,
+    pub meta: i32,
+    cuda: i32,
+    dtypes: [(i32, DType); 7],
+    others: [(i32, &'static str); 5],
+}
+
+pub(crate) fn codes() -> &'static Codes {
+    static C: OnceLock<Codes> = OnceLock::new();
+    // SAFETY: constant getters without arguments.
+    C.get_or_init(|| unsafe {
+        Codes {
+            cpu: ffi::aoti_torch_device_type_cpu(),
+            meta: ffi::aoti_torch_device_type_meta(),
+            cuda: ffi::aoti_torch_device_type_cuda(),
+            dtypes: [
+                (ffi::aoti_torch_dtype_float16(), DType::F16),
+                (ffi::aoti_torch_dtype_bfloat16(), DType::BF16),
+                (ffi::aoti_torch_dtype_float32(), DType::F32),
+                (ffi::aoti_torch_dtype_float64(), DType::F64),
+                (ffi::aoti_torch_dtype_int32(), DType::I32),
+                (ffi::aoti_torch_dtype_int64(), DType::I64),
+                (ffi::aoti_torch_dtype_bool(), DType::Bool),
+            ],
+            others: [
+                (ffi::aoti_torch_dtype_uint8(), "uint8"),
+                (ffi::aoti_torch_dtype_int8(), "int8"),
+                (ffi::aoti_torch_dtype_int16(), "int16"),
+                (ffi::aoti_torch_dtype_complex64(), "complex64"),
+                (ffi::aoti_torch_dtype_complex128(), "complex128"),
+            ],
+        }
+    })
+}
+
+pub(crate) fn dtype_from_code(code: i32) -> std::result::Result<DType, String> {
+    let c = codes();
+    if let Some((_, d)) = c.dtypes.iter().find(|(k, _)| *k == code) {
+        return Ok(*d);
+    }
+    Err(c
+        .others
+        .iter()
+        .find(|(k, _)| *k == code)
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_else(|| format!("<torch dtype code {code}>")))
+}
+
+pub(crate) fn code_from_dtype(d: DType) -> i32 {
+    codes()
+        .dtypes
+        .iter()
+        .find(|(_, k)| *k == d)
+        .map(|(c, _)| *c)
+        .expect("every DType has a torch code")
+}
+
+/// One input tensor: its device and a view of it.
+pub(crate) struct Info<'a> {
+    pub device_type: i32,
+    pub device_index: i32,
+    pub view: TensorRef<'a>,
+}
+
+pub(crate) fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>> {
+    let h = t.0;
+    let (mut dim, mut sizes, mut strides) = (0i64, std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut dt, mut dev, mut idx) = (0i32, 0i32, 0i32);
+    // SAFETY: valid handle, plain out-parameters; sizes/strides are borrowed arrays of `dim`.
+    unsafe {
+        check(ffi::aoti_torch_get_dtype(h, &mut dt), "get_dtype")?;
+        check(
+            ffi::aoti_torch_get_device_type(h, &mut dev),
+            "get_device_type",
+        )?;
+        check(
+            ffi::aoti_torch_get_device_index(h, &mut idx),
+            "get_device_index",
+        )?;
+        check(ffi::aoti_torch_get_dim(h, &mut dim), "get_dim")?;
+        check(ffi::aoti_torch_get_sizes(h, &mut sizes), "get_sizes")?;
+        check(ffi::aoti_torch_get_strides(h, &mut strides), "get_strides")?;
+    }
+    let c = codes();
+    if dev != c.cpu && dev != c.meta {
+        let what = if dev == c.cuda {
+            "cuda".to_string()
+        } else {
+            format!("device type {dev}")
+        };
+        return Err(Error::unsupported(format!(
+            "input `{name}` is on {what}; polyop's torch kernels run on CPU tensors only"
+        ))
+        .in_op(op.name));
+    }
+    let dtype = dtype_from_code(dt).map_err(|n| {
+        Error::invalid(format!(
+            "unsupported dtype {n} for input `{name}` (supported: {})",
+            op.dtypes
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .in_op(op.name)
+    })?;
+    let n = dim as usize;
+    let (shape, strides) = if n == 0 {
+        (vec![], vec![])
+    } else {
+        // SAFETY: torch returns arrays of length dim, valid while the tensor lives.
+        unsafe {
+            (
+                std::slice::from_raw_parts(sizes, n)
+                    .iter()
+                    .map(|&s| s as usize)
+                    .collect(),
+                std::slice::from_raw_parts(strides, n)
+                    .iter()
+                    .map(|&s| s as isize)
+                    .collect(),
+            )
+        }
+    };
+    let mut ptr = std::ptr::null_mut();
+    if dev == c.cpu {
+        // SAFETY: valid handle; data_ptr already includes the storage offset.
+        check(
+            unsafe { ffi::aoti_torch_get_data_ptr(h, &mut ptr) },
+            "get_data_ptr",
+        )?;
+    }
+    Ok(Info {
+        device_type: dev,
+        device_index: idx,
+        // SAFETY: the handle `t` keeps the storage alive while the view is used; torch strides
+        // are in elements; meta tensors carry no data and are never read.
+        view: unsafe { TensorRef::from_raw(dtype, shape, strides, ptr as *const u8) },
+    })
+}
+
+pub(crate) fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result<Tensor> {
+    // Sizes and contiguous strides on the stack for the usual ranks (this runs every call).
+    const SMALL: usize = 8;
+    let (mut sz, mut st) = ([0i64; SMALL], [0i64; SMALL]);
+    let (heap_sz, heap_st): (Vec<i64>, Vec<i64>);
+    let (sizes, strides): (&[i64], &[i64]) = if shape.len() <= SMALL {
+        let mut acc = 1i64;
+        for (i, &d) in shape.iter().enumerate().rev() {
+            sz[i] = d as i64;
+            st[i] = acc;
+            acc *= (d as i64).max(1);
+        }
+        (&sz[..shape.len()], &st[..shape.len()])
+    } else {
+        heap_sz = shape.iter().map(|&s| s as i64).collect();
+        heap_st = kernel_core::contiguous_strides(shape)
+            .into_iter()
+            .map(|s| s as i64)
+            .collect();
+        (&heap_sz, &heap_st)
+    };
+    let mut h = std::ptr::null_mut();
+    // SAFETY: arrays of length ndim; out-parameter.
+    check(
+        unsafe {
+            ffi::aoti_torch_empty_strided(
+                sizes.len() as i64,
+                sizes.as_ptr(),
+                strides.as_ptr(),
+                code_from_dtype(dtype),
+                device.0,
+                device.1,
+                &mut h,
+            )
+        },
+        "empty_strided",
+    )?;
+    Ok(Tensor(h))
+}
+
+pub(crate) fn data_ptr(t: &Tensor) -> Result<*mut u8> {
+    let mut p = std::ptr::null_mut();
+    // SAFETY: valid handle.
+    check(
+        unsafe { ffi::aoti_torch_get_data_ptr(t.0, &mut p) },
+        "get_data_ptr",
+    )?;
+    Ok(p as *mut u8)
+}
+
+/// Outputs allocated by torch (`empty_strided` on the inputs' device), kept as owning handles
+/// until they are pushed on the stack.
+pub(crate) struct TorchOutputs {
+    pub device: (i32, i32),
+    pub outputs: Vec<Tensor>,
+}
+
+impl<'a> OutputAllocator<'a> for TorchOutputs {
+    fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>> {
+        if index != self.outputs.len() {
+            return Err(Error::internal(format!(
+                "output {index} allocated out of order"
+            )));
+        }
+        let t = empty(dtype, shape, self.device)?;
+        let p = data_ptr(&t)?;
+        self.outputs.push(t);
+        // SAFETY: a fresh contiguous torch tensor (null data on meta, never written), owned
+        // by `self` until pushed on the stack.
+        Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, p) })
+    }
+}

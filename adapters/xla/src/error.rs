@@ -1,0 +1,56 @@
+//! Error sink: polyop errors become `XLA_FFI_Error`s (XLA raises them as JAX runtime errors).
+
+use crate::sys;
+use kernel_core::{Error, ErrorKind};
+use std::ffi::CString;
+
+pub type FfiError = *mut sys::XLA_FFI_Error;
+
+/// Destroy an error returned to us by an API call.
+///
+/// # Safety
+/// `api` is a valid API table and `err` an error it created.
+pub unsafe fn destroy_error(api: *const sys::XLA_FFI_Api, err: FfiError) {
+    if api.is_null() || err.is_null() {
+        return;
+    }
+    if let Some(destroy) = unsafe { (*api).XLA_FFI_Error_Destroy } {
+        let mut args = sys::XLA_FFI_Error_Destroy_Args {
+            struct_size: sys::XLA_FFI_Error_Destroy_Args_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            error: err,
+        };
+        unsafe { destroy(&mut args) };
+    }
+}
+
+pub(crate) fn error_code(kind: ErrorKind) -> sys::XLA_FFI_Error_Code {
+    match kind {
+        ErrorKind::InvalidArgument => sys::XLA_FFI_Error_Code_XLA_FFI_Error_Code_INVALID_ARGUMENT,
+        ErrorKind::Unsupported => sys::XLA_FFI_Error_Code_XLA_FFI_Error_Code_UNIMPLEMENTED,
+        ErrorKind::Internal => sys::XLA_FFI_Error_Code_XLA_FFI_Error_Code_INTERNAL,
+    }
+}
+
+/// Turn a polyop error into an FFI error owned by XLA. Returns null only when the API table
+/// cannot create errors at all (then nothing better can be done).
+///
+/// # Safety
+/// `api` is null or a valid API table.
+pub unsafe fn make_error(api: *const sys::XLA_FFI_Api, err: &Error) -> FfiError {
+    if api.is_null() {
+        return std::ptr::null_mut();
+    }
+    let Some(create) = (unsafe { (*api).XLA_FFI_Error_Create }) else {
+        return std::ptr::null_mut();
+    };
+    let msg = CString::new(err.to_string().replace('\0', "\\0")).unwrap_or_default();
+    let mut args = sys::XLA_FFI_Error_Create_Args {
+        struct_size: sys::XLA_FFI_Error_Create_Args_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        message: msg.as_ptr(),
+        errc: error_code(err.kind),
+    };
+    // XLA copies the message into its own status object.
+    unsafe { create(&mut args) }
+}

@@ -1,0 +1,89 @@
+//! Registration with XLA: the FFI API version the handlers were built against, its check
+//! against the runtime's table, and the answer to XLA's metadata query. (XLA finds handlers by
+//! symbol: one per op, exported by `export!`.)
+
+use crate::sys;
+use kernel_core::{Error, Result};
+
+/// The FFI API version these bindings were generated from (jaxlib 0.10.2's c_api.h).
+pub const API_MAJOR: i32 = sys::XLA_FFI_API_MAJOR as i32;
+pub const API_MINOR: i32 = sys::XLA_FFI_API_MINOR as i32;
+/// The jaxlib whose `c_api.h` generated `sys.rs`.
+pub const PINNED_JAXLIB: &str = "0.10.2";
+
+/// Handler traits reported through the metadata extension. polyop kernels run on the host, so
+/// they are not CUDA-graph (command buffer) compatible.
+pub const TRAITS: sys::XLA_FFI_Handler_Traits = 0;
+
+/// Check the runtime's API table against the version compiled in. Major must match (ABI);
+/// the runtime's minor must be at least ours (we use fields added up to our minor).
+///
+/// # Safety
+/// `api` is null or points to an API table.
+pub unsafe fn check_api(api: *const sys::XLA_FFI_Api) -> Result<()> {
+    if api.is_null() {
+        return Err(Error::internal("call frame has no XLA_FFI_Api"));
+    }
+    let a = unsafe { &*api };
+    let (major, minor) = (a.api_version.major_version, a.api_version.minor_version);
+    if major != API_MAJOR || minor < API_MINOR {
+        return Err(Error::unsupported(format!(
+            "XLA FFI API version mismatch: the runtime provides {major}.{minor}, libpolyop_xla was \
+             built against {API_MAJOR}.{API_MINOR} (jaxlib {PINNED_JAXLIB}); rebuild polyop \
+             against the installed jaxlib (adapters/xla/scripts/regen-bindings.sh)"
+        )));
+    }
+    if a.struct_size < sys::XLA_FFI_Api_STRUCT_SIZE as usize {
+        return Err(Error::unsupported(format!(
+            "XLA_FFI_Api is {} bytes, expected at least {} (jaxlib {PINNED_JAXLIB}); version skew",
+            a.struct_size,
+            sys::XLA_FFI_Api_STRUCT_SIZE
+        )));
+    }
+    Ok(())
+}
+
+/// Answer XLA's metadata query: the API version this handler was compiled against, and its
+/// traits. Returns `true` when the frame was a metadata query.
+pub(crate) unsafe fn populate_metadata(frame: &sys::XLA_FFI_CallFrame) -> Result<bool> {
+    let ext = frame.extension_start;
+    if ext.is_null() {
+        return Ok(false);
+    }
+    let base = unsafe { &*ext };
+    if base.type_ != sys::XLA_FFI_Extension_Type_XLA_FFI_Extension_Metadata {
+        return Ok(false);
+    }
+    if base.struct_size < sys::XLA_FFI_Metadata_Extension_STRUCT_SIZE as usize {
+        return Err(Error::internal(format!(
+            "XLA_FFI_Metadata_Extension is {} bytes, expected at least {}; version skew",
+            base.struct_size,
+            sys::XLA_FFI_Metadata_Extension_STRUCT_SIZE
+        )));
+    }
+    let me = unsafe { &*(ext as *const sys::XLA_FFI_Metadata_Extension) };
+    if me.metadata.is_null() {
+        return Err(Error::internal("metadata query without a metadata struct"));
+    }
+    let md = unsafe { &mut *me.metadata };
+    if md.struct_size < sys::XLA_FFI_Metadata_STRUCT_SIZE as usize {
+        return Err(Error::internal(format!(
+            "XLA_FFI_Metadata is {} bytes, expected at least {}; version skew",
+            md.struct_size,
+            sys::XLA_FFI_Metadata_STRUCT_SIZE
+        )));
+    }
+    md.api_version = sys::XLA_FFI_Api_Version {
+        struct_size: sys::XLA_FFI_Api_Version_STRUCT_SIZE as usize,
+        extension_start: std::ptr::null_mut(),
+        major_version: API_MAJOR,
+        minor_version: API_MINOR,
+    };
+    md.traits = TRAITS;
+    // The state type id (no state) lies past the struct size of older runtimes: write it only
+    // when the runtime's struct has room.
+    if md.struct_size >= std::mem::size_of::<sys::XLA_FFI_Metadata>() {
+        md.state_type_id = sys::XLA_FFI_TypeId { type_id: 0 };
+    }
+    Ok(true)
+}

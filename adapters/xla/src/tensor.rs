@@ -1,0 +1,134 @@
+//! Framework tensors in and out: XLA dtypes, and views of the call frame's operand and
+//! result buffers.
+
+use crate::sys;
+use kernel_core::{DType, Error, OpDef, Result, TensorRef};
+
+pub(crate) fn xla_dtype_name(d: sys::XLA_FFI_DataType) -> String {
+    let n = match d {
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED => "bool",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S8 => "int8",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S16 => "int16",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S32 => "int32",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S64 => "int64",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_U8 => "uint8",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_U16 => "uint16",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_U32 => "uint32",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_U64 => "uint64",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_F16 => "float16",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => "bfloat16",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => "float32",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => "float64",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_C64 => "complex64",
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_C128 => "complex128",
+        other => return format!("XLA dtype #{other}"),
+    };
+    n.to_string()
+}
+
+/// XLA element type -> kernel-core dtype.
+pub fn dtype_from_xla(d: sys::XLA_FFI_DataType) -> Option<DType> {
+    Some(match d {
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED => DType::Bool,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S32 => DType::I32,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_S64 => DType::I64,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_F16 => DType::F16,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => DType::BF16,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => DType::F32,
+        sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => DType::F64,
+        _ => return None,
+    })
+}
+
+/// A decoded buffer: dtype (as XLA reported it), dims, data.
+pub(crate) struct RawBuffer {
+    pub xla_dtype: sys::XLA_FFI_DataType,
+    pub dims: Vec<usize>,
+    pub data: *mut u8,
+}
+
+pub(crate) unsafe fn decode_buffer(
+    p: *mut std::ffi::c_void,
+    what: impl Fn() -> String,
+) -> Result<RawBuffer> {
+    if p.is_null() {
+        return Err(Error::internal(format!("{}: null buffer", what())));
+    }
+    let b = unsafe { &*(p as *const sys::XLA_FFI_Buffer) };
+    if b.struct_size < sys::XLA_FFI_Buffer_STRUCT_SIZE as usize {
+        return Err(Error::internal(format!(
+            "{}: XLA_FFI_Buffer size {} < {} (FFI version skew)",
+            what(),
+            b.struct_size,
+            sys::XLA_FFI_Buffer_STRUCT_SIZE
+        )));
+    }
+    if b.rank < 0 {
+        return Err(Error::internal(format!("{}: negative rank", what())));
+    }
+    let dims: Vec<usize> = if b.rank == 0 {
+        Vec::new()
+    } else {
+        let d = unsafe { std::slice::from_raw_parts(b.dims, b.rank as usize) };
+        if d.iter().any(|&x| x < 0) {
+            return Err(Error::invalid(format!(
+                "{}: dynamic or negative dims {d:?} are not supported (static shapes only)",
+                what()
+            )));
+        }
+        d.iter().map(|&x| x as usize).collect()
+    };
+    Ok(RawBuffer {
+        xla_dtype: b.dtype,
+        dims,
+        data: b.data as *mut u8,
+    })
+}
+
+pub(crate) unsafe fn decode_inputs<'a>(
+    op: &OpDef,
+    args: &sys::XLA_FFI_Args,
+) -> Result<Vec<Option<TensorRef<'a>>>> {
+    let num = op.num_inputs();
+    let n = args.size.max(0) as usize;
+    if n > num {
+        return Err(Error::invalid(format!(
+            "expected at most {num} tensor operand(s) ({}), got {n}",
+            op.schema
+                .tensor_args()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let mut out = Vec::with_capacity(num);
+    for (i, arg) in op.schema.tensor_args().enumerate() {
+        if i >= n {
+            // Absent trailing operand: fine for `Tensor?`, an error for a required one
+            // (check_inputs reports it by name).
+            out.push(None);
+            continue;
+        }
+        let ty = unsafe { *args.types.add(i) };
+        if ty != sys::XLA_FFI_ArgType_XLA_FFI_ArgType_BUFFER {
+            return Err(Error::invalid(format!(
+                "operand `{}` is not a buffer",
+                arg.name
+            )));
+        }
+        let b = unsafe { decode_buffer(*args.args.add(i), || format!("operand `{}`", arg.name))? };
+        let dtype = dtype_from_xla(b.xla_dtype).ok_or_else(|| {
+            Error::invalid(format!(
+                "unsupported dtype {} for input `{}`",
+                xla_dtype_name(b.xla_dtype),
+                arg.name
+            ))
+        })?;
+        let strides = kernel_core::contiguous_strides(&b.dims);
+        // SAFETY: XLA passes dense row-major (default layout) buffers valid for the call.
+        out.push(Some(unsafe {
+            TensorRef::from_raw(dtype, b.dims, strides, b.data)
+        }));
+    }
+    Ok(out)
+}
