@@ -144,11 +144,13 @@ impl Real for f64 {
     }
     #[inline(always)]
     fn gelu_erf(self) -> Self {
-        0.5 * self * (1.0 + libm::erf(self * std::f64::consts::FRAC_1_SQRT_2))
+        // Phi(x) = erfc(-x / sqrt 2) / 2: relative accuracy in the lower tail, where
+        // 1 + erf(x / sqrt 2) cancels (issue 23)
+        0.5 * self * libm::erfc(-self * std::f64::consts::FRAC_1_SQRT_2)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
-        let cdf = 0.5 * (1.0 + libm::erf(self * std::f64::consts::FRAC_1_SQRT_2));
+        let cdf = 0.5 * libm::erfc(-self * std::f64::consts::FRAC_1_SQRT_2);
         let pdf = FRAC_1_SQRT_2PI * (-0.5 * self * self).exp();
         cdf + self * pdf
     }
