@@ -96,8 +96,6 @@ pub trait Real: Num + num_traits::Float {
     fn from_f64(v: f64) -> Self;
     /// e^x.
     fn exp_v(self) -> Self;
-    /// tanh(x).
-    fn tanh_v(self) -> Self;
     /// x Phi(x) (exact gelu).
     fn gelu_erf(self) -> Self;
     /// d/dx x Phi(x) = Phi(x) + x phi(x).
@@ -114,10 +112,6 @@ impl Real for f32 {
     #[inline(always)]
     fn exp_v(self) -> Self {
         crate::vmath::exp_f32(self)
-    }
-    #[inline(always)]
-    fn tanh_v(self) -> Self {
-        crate::vmath::tanh_f32(self)
     }
     #[inline(always)]
     fn gelu_erf(self) -> Self {
@@ -137,10 +131,6 @@ impl Real for f64 {
     #[inline(always)]
     fn exp_v(self) -> Self {
         self.exp()
-    }
-    #[inline(always)]
-    fn tanh_v(self) -> Self {
-        self.tanh()
     }
     #[inline(always)]
     fn gelu_erf(self) -> Self {
