@@ -274,6 +274,8 @@ def cases() -> list[Case]:
             out.append(Case("nonzero", [np.array([0.0, -0.0, np.nan, 1.0, np.inf]).astype(np_dtype(dt))], {},
                             _cid("nonzero", dt, "nan-negzero")))
 
+    out += backward_cases(Gen(23))
+    out += small_magnitude_cases(Gen(2323))
     out += bad_inputs(g)
     ids = [c.id for c in out]
     dup = {i for i in ids if ids.count(i) > 1}
@@ -319,3 +321,95 @@ def bad_inputs(g: Gen) -> list[Case]:
             "negative-padding"),
         bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"stride": 0}, "stride", "stride-zero"),
     ]
+
+
+def backward_cases(g: Gen) -> list[Case]:
+    """The backward ops called directly, in every dtype they support, against the hand-derived
+    float64 vector-Jacobian products of reference.py (the gradient checks above run only in
+    float64; these pin every dtype and every framework to an independent reference)."""
+    import reference as ref  # conformance/reference.py: the forward reference
+
+    out: list[Case] = []
+    for dt in NUMERIC:
+        fl = dt in FLOAT
+        for op in ("add_backward", "add_relu_backward"):
+            out += [
+                Case(op, [g.arr((3, 4), dt), g.arr((3, 4), dt), g.arr((3, 4), dt)], {}, _cid(op, dt, "same-shape")),
+                Case(op, [g.arr((2, 3, 4), dt), g.arr((2, 3, 4), dt), g.arr((4,), dt)], {},
+                     _cid(op, dt, "broadcast-row"), tags=("broadcast",)),
+                Case(op, [g.arr((3, 4), dt), g.arr((3, 1), dt), g.arr((1, 4), dt)], {},
+                     _cid(op, dt, "broadcast-outer"), tags=("broadcast",)),
+                Case(op, [g.transposed((4, 3), dt), g.sliced((4, 3), dt), g.arr((), dt)], {},
+                     _cid(op, dt, "strided-scalar"), tags=("strided", "broadcast")),
+            ]
+        x = g.arr((3, 5), dt)
+        if fl:
+            x = with_specials(dt, x, (np.nan, np.inf, -np.inf, 0.0, -0.0))
+        out.append(Case("relu_backward", [g.arr((3, 5), dt), x], {}, _cid("relu_backward", dt, "basic")))
+        out.append(Case("relu_backward", [g.transposed((4, 3), dt), g.sliced((4, 3), dt)], {},
+                        _cid("relu_backward", dt, "strided"), tags=("strided",)))
+        # topk's backward: indices from the forward reference (distinct values per lane)
+        for axis, shape, k in ((-1, (3, 6), 3), (0, (5, 3), 2)):
+            vals = g.rng.permutation(np.arange(int(np.prod(shape)))).reshape(shape) - 7
+            xv = vals.astype(np_dtype(dt))
+            _, idx = ref.topk(xv, k, axis=axis)
+            gshape = idx.shape
+            out.append(Case("topk_backward", [g.arr(gshape, dt), xv, idx], {"axis": axis},
+                            _cid("topk_backward", dt, f"axis{axis}")))
+    for dt in FLOAT:
+        for approx in ("none", "tanh"):
+            out += [
+                Case("gelu_backward", [g.arr((3, 5), dt), g.arr((3, 5), dt, lo=-5, hi=5)],
+                     {"approximate": approx}, _cid("gelu_backward", dt, f"basic,approximate={approx}")),
+                Case("gelu_backward", [g.transposed((4, 3), dt), g.sliced((4, 3), dt)],
+                     {"approximate": approx}, _cid("gelu_backward", dt, f"strided,approximate={approx}"),
+                     tags=("strided",)),
+            ]
+        for axis, shape in ((-1, (3, 5)), (0, (4, 3))):
+            y = np.asarray(ref.softmax(g.arr(shape, dt), axis=axis)[0][0]).astype(np_dtype(dt))
+            out.append(Case("softmax_backward", [g.arr(shape, dt), y], {"axis": axis},
+                            _cid("softmax_backward", dt, f"axis{axis}")))
+        out += [
+            Case("rms_norm_backward", [g.arr((3, 8), dt), g.arr((3, 8), dt), g.arr((8,), dt)], {},
+                 _cid("rms_norm_backward", dt, "weight")),
+            Case("rms_norm_backward", [g.arr((3, 8), dt), g.arr((3, 8), dt), None], {},
+                 _cid("rms_norm_backward", dt, "no-weight")),
+            Case("rms_norm_backward", [g.arr((2, 3, 5), dt), g.arr((2, 3, 5), dt), g.arr((5,), dt)], {"eps": 0.1},
+                 _cid("rms_norm_backward", dt, "eps")),
+            Case("rms_norm_backward", [g.sliced((4, 6), dt), g.transposed((4, 6), dt), g.sliced((6,), dt)], {},
+                 _cid("rms_norm_backward", dt, "strided"), tags=("strided",)),
+        ]
+        x, w, b = g.arr((2, 3, 6, 5), dt, lo=-1, hi=1), g.arr((4, 3, 3, 3), dt, lo=-1, hi=1), g.arr((4,), dt)
+        for stride, padding, bias in ((1, 0, None), (1, 1, b), (2, 0, b), (2, 2, None)):
+            oh, ow = (6 + 2 * padding - 3) // stride + 1, (5 + 2 * padding - 3) // stride + 1
+            out.append(Case("conv2d_backward", [g.arr((2, 4, oh, ow), dt), x, w, bias],
+                            {"stride": stride, "padding": padding},
+                            _cid("conv2d_backward", dt, f"s{stride}p{padding}{'-bias' if bias is not None else ''}")))
+    return out
+
+
+def small_magnitude_cases(g: Gen) -> list[Case]:
+    """Results around 1e-4..1e-3 in every float dtype: far above each dtype's tolerance
+    floor, so an all-zero output fails (conformance/test_harness.py checks that it does)."""
+    out: list[Case] = []
+    for dt in FLOAT:
+        def c(op, inputs, attrs, desc):
+            return Case(op, inputs, attrs, _cid(op, dt, f"small,{desc}"), tags=("small",))
+
+        ones = lambda *s: g.arr(s, dt, lo=0.5, hi=1.0)  # noqa: E731
+        out += [
+            c("add", [g.arr((3, 4), dt, lo=2e-4, hi=4e-4), g.arr((3, 4), dt, lo=2e-4, hi=4e-4)], {}, "tiny-sum"),
+            c("scale", [ones(3, 4)], {"alpha": 1e-3}, "alpha=1e-3"),
+            c("softmax", [np.array([[0.0, -7.0, -7.5, -8.0], [-8.0, 0.0, -7.25, -7.75]]).astype(np_dtype(dt))], {},
+              "dominant-logit"),
+            c("rms_norm", [g.arr((2, 6), dt), g.arr((6,), dt, lo=5e-4, hi=1e-3)], {}, "small-weight"),
+            c("conv2d", [ones(1, 1, 4, 4), g.arr((1, 1, 2, 2), dt, lo=2e-4, hi=3e-4), None], {}, "small-weight"),
+            c("gelu_backward", [ones(2, 5), g.arr((2, 5), dt, lo=-3.6, hi=-3.2)], {}, "negative-tail"),
+            c("softmax_backward", [g.arr((2, 4), dt),
+                                   np.array([[0.99, 9e-4, 5e-4, 3e-4]] * 2).astype(np_dtype(dt))], {}, "small-probs"),
+            c("rms_norm_backward", [g.arr((2, 6), dt, lo=1e-3, hi=2e-3), ones(2, 6), ones(6)], {}, "small-grad"),
+        ]
+        for approx in ("none", "tanh"):
+            out.append(c("gelu", [g.arr((3, 4), dt, lo=-3.6, hi=-3.2)], {"approximate": approx},
+                         f"negative-tail,approximate={approx}"))
+    return out

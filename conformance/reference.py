@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import erf
+from scipy.special import erfc
 
 FLOAT = ("float16", "bfloat16", "float32", "float64")
 
@@ -71,10 +71,14 @@ def add_relu(x, y):
 
 def gelu(x, approximate="none"):
     v = _f64(x)
+    # Written without cancellation, so the float64 reference is accurate where gelu is tiny
+    # (x << 0): 1 + erf(x / sqrt 2) = erfc(-x / sqrt 2) and 1 + tanh(u) = 2 / (1 + e^(-2u)).
     if approximate == "none":
-        out = 0.5 * v * (1.0 + erf(v / math.sqrt(2.0)))
+        out = 0.5 * v * erfc(-v / math.sqrt(2.0))
     elif approximate == "tanh":
-        out = 0.5 * v * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)))
+        u = math.sqrt(2.0 / math.pi) * (v + 0.044715 * v**3)
+        with np.errstate(over="ignore"):
+            out = v / (1.0 + np.exp(-2.0 * u))
     else:
         raise ValueError(f"bad approximate {approximate!r}")
     return [_float_result(out, x)]
@@ -151,19 +155,170 @@ def conv2d(input, weight, bias=None, stride=1, padding=0):
     oh = (h + 2 * p - kh) // s + 1
     ow = (wd + 2 * p - kw) // s + 1
     out = np.zeros((n, o, oh, ow))
+    mag = np.zeros((n, o, oh, ow))  # sum of |terms|: the scale of a dot product's error
     for i in range(kh):
         for j in range(kw):
             patch = xp[:, :, i : i + s * (oh - 1) + 1 : s, j : j + s * (ow - 1) + 1 : s]
             out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+            mag += np.einsum("nchw,oc->nohw", np.abs(patch), np.abs(w[:, :, i, j]))
     if bias is not None:
         out += _f64(bias)[None, :, None, None]
-    return [_float_result(out, input)]
+        mag += np.abs(_f64(bias))[None, :, None, None]
+    return [(out, _name(input), mag)]
 
 
 def nonzero(x):
     x = np.asarray(x)
     nz = _f64(x) != 0 if _is_float(x) else x != 0  # NaN is non-zero
     return [np.argwhere(nz).astype(np.int64)]
+
+
+# ---------------------------------------------------------------------------------------
+# backward ops: vector-Jacobian products derived by hand from the forward definitions above
+# (calculus, in float64), each checked against float64 central differences of the forward
+# reference in conformance/test_harness.py. Outputs that sum terms of either sign also give
+# the sum of |terms| as the scale of their error bound (see polyop.conformance.tolerances).
+
+
+def _float_scaled(values, like, scale):
+    return (np.asarray(values, dtype=np.float64), _name(like), np.asarray(scale, dtype=np.float64))
+
+
+def _unbroadcast(g, shape):
+    """Sum ``g`` (of the broadcast output shape) down to ``shape``: d(out)/d(in) of NumPy
+    broadcasting is 1 for every output element an input element was copied to."""
+    shape = tuple(shape)
+    lead = g.ndim - len(shape)
+    g = g.sum(axis=tuple(range(lead))) if lead else g
+    axes = tuple(i for i, d in enumerate(shape) if d == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True).reshape(shape) if axes else g.reshape(shape)
+
+
+def _sum_grads(g, mask, x, y):
+    """d/dx, d/dy of sum(g * f(x + y)) where f'(x + y) = mask (1 for add)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if not _is_float(x):
+        gi = np.asarray(g).astype(np.int64) * mask
+        return [_unbroadcast(gi, x.shape).astype(x.dtype), _unbroadcast(gi, y.shape).astype(y.dtype)]
+    gm = _f64(g) * mask
+    return [
+        _float_scaled(_unbroadcast(gm, x.shape), x, _unbroadcast(np.abs(gm), x.shape)),
+        _float_scaled(_unbroadcast(gm, y.shape), y, _unbroadcast(np.abs(gm), y.shape)),
+    ]
+
+
+def add_backward(grad, x, y):
+    return _sum_grads(grad, 1, x, y)
+
+
+def add_relu_backward(grad, x, y):
+    # relu'(s) = 1 for s > 0, else 0 (the subgradient at 0 is 0, as for relu_backward)
+    s = _f64(x) + _f64(y) if _is_float(x) else np.add(np.asarray(x, np.int64), np.asarray(y, np.int64))
+    return _sum_grads(grad, (s > 0).astype(np.int64), x, y)
+
+
+def relu_backward(grad, x):
+    # d relu(x)/dx = 1 where x > 0, else 0 (0 at the kink, and NaN passes no gradient)
+    if _is_float(x):
+        return [_float_result(np.where(_f64(x) > 0, _f64(grad), 0.0), x)]
+    return [np.where(np.asarray(x) > 0, grad, np.zeros((), dtype=np.asarray(grad).dtype))]
+
+
+def gelu_backward(grad, x, approximate="none"):
+    v, g = _f64(x), _f64(grad)
+    if approximate == "none":
+        # d/dx x Phi(x) = Phi(x) + x phi(x), Phi the normal CDF, phi its density
+        cdf = 0.5 * erfc(-v / math.sqrt(2.0))
+        pdf = np.exp(-0.5 * v * v) / math.sqrt(2.0 * math.pi)
+        a, b = cdf, v * pdf
+    elif approximate == "tanh":
+        # d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3): 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'.
+        # With s = (1 + tanh u) / 2 = 1 / (1 + e^(-2u)): 1 - tanh^2 u = 4 s (1 - s), and
+        # s (1 - s) = e / (1 + e)^2 with e = e^(-2|u|) (no cancellation for either sign of u).
+        k, c = math.sqrt(2.0 / math.pi), 0.044715
+        u = k * (v + c * v**3)
+        e = np.exp(-2.0 * np.abs(u))
+        s = np.where(u >= 0, 1.0, e) / (1.0 + e)
+        a, b = s, 2.0 * v * (e / (1.0 + e) ** 2) * k * (1.0 + 3.0 * c * v * v)
+    else:
+        raise ValueError(f"bad approximate {approximate!r}")
+    return [_float_scaled(g * (a + b), x, np.abs(g) * (np.abs(a) + np.abs(b)))]
+
+
+def softmax_backward(grad, y, axis=-1):
+    # y = softmax(x): dy_i/dx_j = y_i (delta_ij - y_j), so dx = y * (g - sum(g * y))
+    g, yv = _f64(grad), _f64(y)
+    if yv.ndim == 0:
+        return [_float_result(np.zeros_like(yv), y)]
+    if yv.size == 0:
+        return [_float_result(yv.copy(), y)]
+    s = np.sum(g * yv, axis=axis, keepdims=True)
+    sa = np.sum(np.abs(g * yv), axis=axis, keepdims=True)
+    return [_float_scaled(yv * (g - s), y, np.abs(yv) * (np.abs(g) + sa))]
+
+
+def rms_norm_backward(grad, x, weight=None, eps=1e-6):
+    # y_j = w_j x_j / r, r = sqrt(mean_k x_k^2 + eps) over the last dim (n elements);
+    # dr/dx_k = x_k / (n r), so dL/dx_k = w_k g_k / r - x_k / (n r^3) sum_j w_j g_j x_j and
+    # dL/dw_j = sum over rows of g_j x_j / r (computed whether or not weight was given).
+    v, g = _f64(x), _f64(grad)
+    v2, g2 = (v.reshape(1), g.reshape(1)) if v.ndim == 0 else (v, g)
+    n = v2.shape[-1]
+    w = np.ones(n) if weight is None else _f64(weight)
+    if v2.size == 0:
+        return [_float_result(v.copy(), x), _float_result(np.zeros(n), x)]
+    r = np.sqrt(np.mean(v2 * v2, axis=-1, keepdims=True) + float(eps))
+    wg = w * g2
+    dot = np.sum(wg * v2, axis=-1, keepdims=True)
+    dot_abs = np.sum(np.abs(wg * v2), axis=-1, keepdims=True)
+    gx = wg / r - v2 * dot / (n * r**3)
+    gx_scale = np.abs(wg) / r + np.abs(v2) * dot_abs / (n * r**3)
+    gw_terms = (g2 * v2 / r).reshape(-1, n)
+    return [
+        _float_scaled(gx.reshape(v.shape), x, gx_scale.reshape(v.shape)),
+        _float_scaled(gw_terms.sum(axis=0), x, np.abs(gw_terms).sum(axis=0)),
+    ]
+
+
+def topk_backward(grad_values, x, indices, axis=-1):
+    # values = take_along_axis(x, indices): each selected element gets its grad, others 0
+    x = np.asarray(x)
+    g = np.asarray(grad_values)
+    out = np.zeros(x.shape, dtype=np.float64 if _is_float(x) else np.int64)
+    if x.ndim == 0:
+        if g.size:
+            out = out + (_f64(g) if _is_float(x) else g.astype(np.int64)).reshape(())
+    else:
+        gm = _f64(g) if _is_float(x) else g.astype(np.int64)
+        np.put_along_axis(out, np.asarray(indices), gm, axis=axis)  # distinct indices per lane
+    return [_float_result(out, x)] if _is_float(x) else [out.astype(x.dtype)]
+
+
+def conv2d_backward(grad, input, weight, bias=None, stride=1, padding=0):
+    # out[n,o,i,j] = b[o] + sum_{c,p,q} x_pad[n, c, s i + p, s j + q] w[o, c, p, q], so
+    # dL/dx_pad[n,c,s i+p,s j+q] += g[n,o,i,j] w[o,c,p,q] (then the padding cropped),
+    # dL/dw[o,c,p,q] = sum_{n,i,j} g[n,o,i,j] x_pad[n,c,s i+p,s j+q], dL/db[o] = sum g[n,o,:,:]
+    g, x, w = _f64(grad), _f64(input), _f64(weight)
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    s, p = int(stride), int(padding)
+    oh, ow = g.shape[2], g.shape[3]
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    gxp, gxp_abs = np.zeros_like(xp), np.zeros_like(xp)
+    gw, gw_abs = np.zeros_like(w), np.zeros_like(w)
+    for i in range(kh):
+        for j in range(kw):
+            win = (slice(None), slice(None), slice(i, i + s * (oh - 1) + 1, s), slice(j, j + s * (ow - 1) + 1, s))
+            gxp[win] += np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
+            gxp_abs[win] += np.einsum("nohw,oc->nchw", np.abs(g), np.abs(w[:, :, i, j]))
+            gw[:, :, i, j] = np.einsum("nohw,nchw->oc", g, xp[win])
+            gw_abs[:, :, i, j] = np.einsum("nohw,nchw->oc", np.abs(g), np.abs(xp[win]))
+    crop = (slice(None), slice(None), slice(p, p + h), slice(p, p + wd))
+    return [
+        _float_scaled(gxp[crop], input, gxp_abs[crop]),
+        _float_scaled(gw, input, gw_abs),
+        _float_scaled(g.sum(axis=(0, 2, 3)), input, np.abs(g).sum(axis=(0, 2, 3))),
+    ]
 
 
 REFERENCES = {
@@ -179,6 +334,14 @@ REFERENCES = {
     "topk": topk,
     "conv2d": conv2d,
     "nonzero": nonzero,
+    "add_backward": add_backward,
+    "add_relu_backward": add_relu_backward,
+    "relu_backward": relu_backward,
+    "gelu_backward": gelu_backward,
+    "softmax_backward": softmax_backward,
+    "rms_norm_backward": rms_norm_backward,
+    "topk_backward": topk_backward,
+    "conv2d_backward": conv2d_backward,
 }
 
 

@@ -4,6 +4,7 @@ import fails here with the reason; it is never skipped."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,36 @@ REFERENCE = f"{HERE / 'reference.py'}:reference"
 #: marks everything unsupported does not count as conformant.
 MIN_PASSED = 200
 
+#: The backends SPEC.md requires, run whether or not their module is found (a missing one
+#: fails in test_backend with the worker's import error), plus any other discovered backend.
 EXPECTED_BACKENDS = ("native", "torch", "tensorflow", "onnxruntime", "xla")
+BACKENDS = list(EXPECTED_BACKENDS) + sorted(set(available_backends()) - set(EXPECTED_BACKENDS))
 
 
-def test_all_backends_present():
-    missing = [b for b in EXPECTED_BACKENDS if b not in available_backends()]
-    assert not missing, f"conformance backends missing: {missing}"
+def _stock_cases():
+    sys.path.insert(0, str(HERE))
+    import cases
+
+    return cases.cases()
 
 
-@pytest.mark.parametrize("backend", available_backends())
+def test_every_op_and_backward_op_has_cases_in_every_dtype():
+    # Every registered op, backward ops included, is checked against the independent
+    # reference in every dtype it supports (not only float64 through gradient checks).
+    import polyop
+
+    stock = _stock_cases()
+    covered = {(c.op, c.dtype) for c in stock if not c.expect_error}
+    missing = []
+    assert any(o["flags"]["backward_only"] for o in polyop.ops())
+    for info in polyop.ops():  # forward and backward ops
+        for dt in info["dtypes"]:
+            if (info["name"], dt) not in covered:
+                missing.append(f"{info['name']}/{dt}")
+    assert not missing, f"ops without a conformance case: {missing}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_backend(backend):
     (run,) = run_isolated([backend], CASES, REFERENCE, timeout=1800)
     c = counts(run.results)
@@ -34,3 +56,8 @@ def test_backend(backend):
     report = "\n".join(f"  {r.mode} {r.case_id}: {r.detail[:400]}" for r in fails[:40])
     assert not fails, f"{backend}: {len(fails)} failure(s) ({c}):\n{report}"
     assert c["pass"] >= MIN_PASSED, f"{backend} passed only {c['pass']} runs ({c})"
+    # every case was run in every mode (none silently dropped by the worker)
+    ids = {cs.id for cs in _stock_cases()}
+    for mode in run.modes:
+        seen = {r.case_id for r in run.results if r.mode == mode}
+        assert seen == ids, f"{backend} {mode}: {len(ids - seen)} case(s) never reported: {sorted(ids - seen)[:10]}"

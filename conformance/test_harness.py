@@ -53,10 +53,11 @@ def test_off_by_more_than_tolerance_fails():
 
 def test_within_tolerance_but_not_bitwise_fails():
     def nudged(c):
-        out = -c.inputs[0]
+        out = c.inputs[0] * np.float32(c.attrs["alpha"])
         return [np.nextafter(out, np.float32(np.inf))]
 
-    rs = _one(Fake("nudge", nudged), [Case("negate", [X])])
+    # scale by 1.0 is exact; one ulp off is within scale's 1-ulp tolerance, but not bitwise
+    rs = _one(Fake("nudge", nudged), [Case("scale", [X], {"alpha": 1.0})])
     assert rs[0].status == "fail" and "bitwise" in rs[0].detail, rs[0]
 
 
@@ -168,3 +169,108 @@ def test_stock_cases_are_deterministic_and_broad():
     tags = {t for c in a for t in c.tags}
     assert tags >= {"strided", "empty", "rank0", "rank8", "broadcast", "error"}
     assert any(c.grad for c in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# tolerances in ulps, and the references of the backward ops
+
+
+def test_tolerance_is_in_ulps_of_the_output_dtype():
+    from polyop.conformance.harness import compare_to_reference
+    from polyop.conformance.tolerances import EPS, STOCK_ULPS
+
+    assert STOCK_ULPS["negate"][0] == 0 and STOCK_ULPS["gelu"][1]  # every entry says why
+    for dt, eps in EPS.items():
+        npdt = ml_dtypes.bfloat16 if dt == "bfloat16" else np.dtype(dt)
+        want = np.array([1.5, -3.0, 1e-3])
+        c = Case("scale", [want.astype(npdt)], {"alpha": 1.0}, ulps=2)
+        exact = want.astype(npdt)
+        # expected 2 ulps (relative to each element) away from the output passes, 3 fails
+        e64 = exact.astype(np.float64)
+        ok, bad = e64 * (1 + 2 * eps), e64 * (1 + 3 * eps)
+        assert compare_to_reference(c, [exact], [(ok, dt)]) is None
+        assert compare_to_reference(c, [exact], [(bad, dt)]) is not None
+
+
+def test_zero_output_fails_every_small_magnitude_case():
+    # The small-magnitude cases exist so that a kernel returning zeros cannot pass: with the
+    # old absolute tolerances (bfloat16 1e-2, float16 1e-3) it did for most of them.
+    import cases as stock_cases
+    from polyop.conformance.harness import compare_to_reference, normalize_expected
+
+    small = [c for c in stock_cases.cases() if "small" in c.tags]
+    assert {c.dtype for c in small} == {"float16", "bfloat16", "float32", "float64"}
+    assert len(small) >= 40
+    for c in small:
+        exp = stock_reference.reference(c.op, list(c.inputs), dict(c.attrs))
+        zeros = [np.zeros(e.shape, dtype=np.asarray(c.inputs[0]).dtype) for e, _, _ in normalize_expected(exp)]
+        assert compare_to_reference(c, zeros, exp) is not None, c.id
+
+
+def _numeric_vjp(fwd, inputs, attrs, weights, wrt, h=1e-6):
+    """d/d inputs[wrt] of sum_k <weights[k], fwd(inputs)[k]>, by float64 central differences
+    of the forward reference."""
+    x = np.asarray(inputs[wrt], dtype=np.float64)
+    out = np.zeros(x.shape)
+    for idx in np.ndindex(*x.shape):
+        vals = []
+        for sign in (1, -1):
+            xs = x.copy()
+            xs[idx] += sign * h
+            ins = list(inputs)
+            ins[wrt] = xs
+            outs = fwd(*ins, **attrs)
+            vals.append(sum(float(np.sum(w * np.asarray(o[0] if isinstance(o, tuple) else o, np.float64)))
+                            for w, o in zip(weights, outs) if w is not None))
+        out[idx] = (vals[0] - vals[1]) / (2 * h)
+    return out
+
+
+BACKWARD_FD = [
+    # (forward op, forward inputs, attrs, backward op, backward inputs from (grad, inputs, outputs),
+    #  forward input index of each backward output)
+    ("add", [(3, 4), (4,)], {}, "add_backward", lambda g, i, o: [g[0], i[0], i[1]], [0, 1]),
+    ("add_relu", [(2, 3), (2, 1)], {}, "add_relu_backward", lambda g, i, o: [g[0], i[0], i[1]], [0, 1]),
+    ("relu", [(3, 4)], {}, "relu_backward", lambda g, i, o: [g[0], i[0]], [0]),
+    ("gelu", [(3, 4)], {"approximate": "none"}, "gelu_backward", lambda g, i, o: [g[0], i[0]], [0]),
+    ("gelu", [(3, 4)], {"approximate": "tanh"}, "gelu_backward", lambda g, i, o: [g[0], i[0]], [0]),
+    ("softmax", [(3, 4)], {"axis": 0}, "softmax_backward", lambda g, i, o: [g[0], o[0]], [0]),
+    ("rms_norm", [(3, 5), (5,)], {"eps": 0.1}, "rms_norm_backward", lambda g, i, o: [g[0], i[0], i[1]], [0, 1]),
+    ("topk", [(3, 5)], {"k": 2}, "topk_backward", lambda g, i, o: [g[0], i[0], o[1]], [0]),
+    ("conv2d", [(2, 2, 5, 4), (3, 2, 2, 3), (3,)], {"stride": 2, "padding": 1}, "conv2d_backward",
+     lambda g, i, o: [g[0], i[0], i[1], i[2]], [0, 1, 2]),
+]
+
+
+def test_backward_references_match_finite_differences_of_the_forward():
+    # The backward references (derived by hand) against float64 central differences of the
+    # forward references: neither is taken from the kernels.
+    rng = np.random.default_rng(5)
+    for fop, shapes, attrs, bop, bargs, wrt in BACKWARD_FD:
+        # values away from relu's kink and topk's ties: the derivative exists there
+        ins = [np.sign(v) * (0.2 + np.abs(v)) for v in (rng.normal(size=s) for s in shapes)]
+        if fop == "topk":
+            ins = [rng.permutation(15).reshape(3, 5) * 0.37]
+        fwd = stock_reference.REFERENCES[fop]
+        outs = [np.asarray(o[0] if isinstance(o, tuple) else o) for o in fwd(*ins, **attrs)]
+        grads = [rng.normal(size=o.shape) if o.dtype.kind == "f" else None for o in outs]
+        if fop == "topk":
+            grads = [rng.normal(size=outs[0].shape), None]
+        battrs = {k: v for k, v in attrs.items() if not (bop == "topk_backward" and k == "k")}
+        bouts = stock_reference.REFERENCES[bop](*bargs(grads, ins, outs), **battrs)
+        for j, i in enumerate(wrt):
+            got = np.asarray(bouts[j][0] if isinstance(bouts[j], tuple) else bouts[j], np.float64)
+            want = _numeric_vjp(fwd, ins, attrs, grads, i)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=f"{bop} output {j}")
+
+
+def test_backward_reference_finite_difference_check_can_fail():
+    # The check above catches a wrong derivative: a softmax backward missing its -sum term.
+    rng = np.random.default_rng(6)
+    x, g = rng.normal(size=(2, 3)), rng.normal(size=(2, 3))
+    y = stock_reference.softmax(x)[0][0]
+    wrong = y * g
+    want = _numeric_vjp(stock_reference.softmax, [x], {}, [g], 0)
+    assert not np.allclose(wrong, want, rtol=1e-6, atol=1e-7)
+    right = stock_reference.softmax_backward(g, y)[0][0]
+    np.testing.assert_allclose(right, want, rtol=1e-6, atol=1e-7)

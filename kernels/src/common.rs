@@ -96,8 +96,6 @@ pub trait Real: Num + num_traits::Float {
     fn from_f64(v: f64) -> Self;
     /// e^x.
     fn exp_v(self) -> Self;
-    /// tanh(x).
-    fn tanh_v(self) -> Self;
     /// x Phi(x) (exact gelu).
     fn gelu_erf(self) -> Self;
     /// d/dx x Phi(x) = Phi(x) + x phi(x).
@@ -114,10 +112,6 @@ impl Real for f32 {
     #[inline(always)]
     fn exp_v(self) -> Self {
         crate::vmath::exp_f32(self)
-    }
-    #[inline(always)]
-    fn tanh_v(self) -> Self {
-        crate::vmath::tanh_f32(self)
     }
     #[inline(always)]
     fn gelu_erf(self) -> Self {
@@ -139,16 +133,14 @@ impl Real for f64 {
         self.exp()
     }
     #[inline(always)]
-    fn tanh_v(self) -> Self {
-        self.tanh()
-    }
-    #[inline(always)]
     fn gelu_erf(self) -> Self {
-        0.5 * self * (1.0 + libm::erf(self * std::f64::consts::FRAC_1_SQRT_2))
+        // Phi(x) = erfc(-x / sqrt 2) / 2: relative accuracy in the lower tail, where
+        // 1 + erf(x / sqrt 2) cancels (issue 23)
+        0.5 * self * libm::erfc(-self * std::f64::consts::FRAC_1_SQRT_2)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
-        let cdf = 0.5 * (1.0 + libm::erf(self * std::f64::consts::FRAC_1_SQRT_2));
+        let cdf = 0.5 * libm::erfc(-self * std::f64::consts::FRAC_1_SQRT_2);
         let pdf = FRAC_1_SQRT_2PI * (-0.5 * self * self).exp();
         cdf + self * pdf
     }

@@ -106,21 +106,30 @@ fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>>
             )));
         }
     }
+    // Checked: a (possibly huge) input dim from a caller's shape spec must not wrap.
+    let padded = |h: usize| {
+        h.checked_add(2 * p).ok_or_else(|| {
+            Error::invalid(format!(
+                "input size {h} with padding {p} overflows a 64-bit integer"
+            ))
+        })
+    };
     let spatial = |i: usize| -> Result<Dim> {
         match (x[i], w[i]) {
             (Some(h), Some(k)) => {
-                if h + 2 * p < k {
+                let hp = padded(h)?;
+                if hp < k {
                     Err(Error::invalid(format!(
                         "kernel size {}x{} is larger than the padded input {}x{} (input {}x{} with padding {p})",
                         w[2].map_or("?".into(), |v| v.to_string()),
                         w[3].map_or("?".into(), |v| v.to_string()),
-                        x[2].map_or("?".into(), |v| (v + 2 * p).to_string()),
-                        x[3].map_or("?".into(), |v| (v + 2 * p).to_string()),
+                        x[2].map_or("?".into(), |v| v.saturating_add(2 * p).to_string()),
+                        x[3].map_or("?".into(), |v| v.saturating_add(2 * p).to_string()),
                         x[2].map_or("?".into(), |v| v.to_string()),
                         x[3].map_or("?".into(), |v| v.to_string()),
                     )))
                 } else {
-                    Ok(Some((h + 2 * p - k) / s + 1))
+                    Ok(Some((hp - k) / s + 1))
                 }
             }
             _ => Ok(None),

@@ -274,24 +274,37 @@ const GELU_C: f64 = 0.044715;
 
 #[inline(always)]
 fn gelu_c<C: Real>(x: C, tanh: bool) -> C {
-    let half = C::from_f64(0.5);
     if tanh {
+        // 0.5 x (1 + tanh u) = x s with s = 1 / (1 + e^(-2u)), evaluated from e = e^(-2|u|)
+        // so neither sign of u cancels: 1 + tanh u for u << 0 lost every digit of gelu's
+        // tiny negative tail (issue 23).
         let u = C::from_f64(SQRT_2_OVER_PI) * (x + C::from_f64(GELU_C) * x * x * x);
-        half * x * (C::ONE + u.tanh_v())
+        x * gelu_tanh_parts(u).0
     } else {
         x.gelu_erf()
     }
 }
 
+/// `(s, s (1 - s))` for `s = 1 / (1 + e^(-2u))`, from `e = e^(-2|u|)` in (0, 1]:
+/// `s = 1 / (1 + e)` (u >= 0) or `e / (1 + e)` (u < 0), `s (1 - s) = e / (1 + e)^2`.
+#[inline(always)]
+fn gelu_tanh_parts<C: Real>(u: C) -> (C, C) {
+    let e = (-(u + u).abs()).exp_v();
+    let d = C::ONE + e;
+    let s = if u >= C::ZERO { C::ONE / d } else { e / d };
+    (s, e / (d * d))
+}
+
 #[inline(always)]
 fn gelu_grad_c<C: Real>(x: C, tanh: bool) -> C {
-    let half = C::from_f64(0.5);
     if tanh {
+        // d/dx 0.5 x (1 + tanh u) = s + 0.5 x (1 - tanh^2 u) u', with (1 + tanh u) / 2 = s and
+        // 1 - tanh^2 u = 4 s (1 - s) (see gelu_c for s and the cancellation this avoids).
         let k = C::from_f64(SQRT_2_OVER_PI);
         let c = C::from_f64(GELU_C);
         let x2 = x * x;
-        let t = (k * (x + c * x2 * x)).tanh_v();
-        half * (C::ONE + t) + half * x * (C::ONE - t * t) * k * (C::ONE + C::from_f64(3.0) * c * x2)
+        let (s, s1s) = gelu_tanh_parts(k * (x + c * x2 * x));
+        s + C::from_f64(2.0) * x * s1s * k * (C::ONE + C::from_f64(3.0) * c * x2)
     } else {
         x.gelu_erf_grad()
     }

@@ -92,12 +92,25 @@ fn conv2d_reference_every_dtype_strided() {
                     let bopt = with_bias.then_some(&b);
                     let got = run("conv2d", &[Some(&x), Some(&w), bopt], &attrs).unwrap();
                     assert_eq!(got[0].shape, shape);
-                    let t = if dt == DType::F32 {
-                        1e-5
-                    } else {
-                        tol(dt) * 4.0
-                    };
-                    assert_close_tol(&vals(&got[0]), &want, t, &format!("conv2d {dt} s{s} p{p}"));
+                    // the error bound of a dot product is relative to the sum of |terms|
+                    let abs = |v: &[f64]| v.iter().map(|a| a.abs()).collect::<Vec<f64>>();
+                    let babs = abs(&br);
+                    let (scale, _) = conv_ref(
+                        &abs(&xr),
+                        xs,
+                        &abs(&wr),
+                        ws,
+                        with_bias.then_some(babs.as_slice()),
+                        s,
+                        p,
+                    );
+                    assert_close_scaled(
+                        &vals(&got[0]),
+                        &want,
+                        Some(&scale),
+                        dt,
+                        &format!("conv2d {dt} s{s} p{p}"),
+                    );
                     let gs = run_views(
                         "conv2d",
                         &[Some(sx.view()), Some(sw.view()), bopt.map(|b| b.view())],
@@ -124,7 +137,15 @@ fn conv2d_large_blocks_and_threads() {
     let got = run_ok("conv2d", &[&x, &w, &b], &[("padding", int(1))]);
     let (want, shape) = conv_ref(&xv, xs, &wv, ws, Some(&bv), 1, 1);
     assert_eq!(got[0].shape, shape);
-    assert_close(&vals(&got[0]), &want, DType::F64, "conv2d large");
+    let abs = |v: &[f64]| v.iter().map(|a| a.abs()).collect::<Vec<f64>>();
+    let (scale, _) = conv_ref(&abs(&xv), xs, &abs(&wv), ws, Some(&abs(&bv)), 1, 1);
+    assert_close_scaled(
+        &vals(&got[0]),
+        &want,
+        Some(&scale),
+        DType::F64,
+        "conv2d large",
+    );
     let x32 = tensor(&xv, &xs, DType::F32);
     let w32 = tensor(&wv, &ws, DType::F32);
     let b32 = tensor(&bv, &[5], DType::F32);

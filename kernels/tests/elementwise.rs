@@ -19,9 +19,27 @@ fn erf_ref(x: f64) -> f64 {
     s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()
 }
 
+/// erfc(z) for z >= 0.5 by its continued fraction, erfc(z) = e^(-z^2) / sqrt(pi) /
+/// (z + (1/2) / (z + 1 / (z + (3/2) / (z + ...)))), evaluated backwards: relative accuracy
+/// where 1 - erf(z) would cancel.
+fn erfc_ref(z: f64) -> f64 {
+    assert!(z >= 0.5);
+    let mut t = z;
+    for k in (1..=20_000).rev() {
+        t = z + (k as f64 / 2.0) / t;
+    }
+    (-z * z).exp() / std::f64::consts::PI.sqrt() / t
+}
+
+/// gelu from its definitions without cancellation in the negative tail (the kernel must be
+/// accurate there, to ulps): x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 for x < 0, and
+/// 0.5 x (1 + tanh u) = x / (1 + e^(-2u)).
 fn gelu_ref(x: f64, tanh: bool) -> f64 {
     if tanh {
-        0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+        x / (1.0 + (-2.0 * u).exp())
+    } else if x / 2f64.sqrt() < -0.5 {
+        0.5 * x * erfc_ref(-x / 2f64.sqrt())
     } else {
         0.5 * x * (1.0 + erf_ref(x / 2f64.sqrt()))
     }

@@ -341,6 +341,25 @@ impl OpDef {
         let dtypes: Vec<Option<DType>> =
             inputs.iter().map(|s| s.as_ref().map(|s| s.dtype)).collect();
         let t = self.check_inputs(&dtypes)?;
+        // Element counts and byte sizes of every fully known shape, inputs and outputs, are
+        // overflow-checked here, once for every op and every surface: a caller's input spec
+        // or a shape function's output too large to address is an error, never a wrapped
+        // count. A shape with unknown dims is checked once it is concrete.
+        let check_size = |spec: &TensorSpec, what: &dyn Fn() -> String| -> Result<()> {
+            match spec.concrete() {
+                Some(shape) => crate::tensor::checked_byte_size(&shape, spec.dtype.size())
+                    .map(|_| ())
+                    .map_err(|e| {
+                        Error::invalid(format!("{} {}", what(), e.message)).in_op(self.name)
+                    }),
+                None => Ok(()),
+            }
+        };
+        for (arg, spec) in self.schema.tensor_args().zip(inputs) {
+            if let Some(spec) = spec {
+                check_size(spec, &|| format!("input `{}`:", arg.name))?;
+            }
+        }
         let ctx = InferCtx {
             op: self,
             inputs,
@@ -358,14 +377,19 @@ impl OpDef {
         shapes
             .into_iter()
             .zip(&self.output_types)
-            .map(|(shape, rule)| {
+            .enumerate()
+            .map(|(i, (shape, rule))| {
                 let dtype = match rule {
                     TypeRule::Fixed(d) => *d,
                     TypeRule::T => {
                         t.ok_or_else(|| Error::internal("no input binds T").in_op(self.name))?
                     }
                 };
-                Ok(TensorSpec { dtype, shape })
+                let spec = TensorSpec { dtype, shape };
+                check_size(&spec, &|| {
+                    format!("output `{}`:", self.schema.output_name(i))
+                })?;
+                Ok(spec)
             })
             .collect()
     }

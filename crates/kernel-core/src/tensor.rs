@@ -22,6 +22,36 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// Number of elements of `shape`, or `None` when the product overflows `usize`. A zero dim
+/// makes the count 0 whatever the other dims are.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
+/// The largest tensor polyop accepts, in bytes: `isize::MAX`, the most a Rust allocation (and
+/// an element offset in a strided view) can address.
+pub const MAX_TENSOR_BYTES: usize = isize::MAX as usize;
+
+/// Element count and byte size of a dense tensor of `shape` with `elem_size`-byte elements,
+/// both overflow-checked: errors (InvalidArgument, without an op name; callers add it) when
+/// the element count overflows or the byte size exceeds [`MAX_TENSOR_BYTES`].
+pub fn checked_byte_size(shape: &[usize], elem_size: usize) -> Result<(usize, usize)> {
+    let too_large = |what: String| {
+        Error::invalid(format!(
+            "shape {shape:?} is too large: {what} (at most {MAX_TENSOR_BYTES} bytes)"
+        ))
+    };
+    let n = checked_numel(shape)
+        .ok_or_else(|| too_large("its element count overflows a 64-bit integer".into()))?;
+    match n.checked_mul(elem_size) {
+        Some(b) if b <= MAX_TENSOR_BYTES => Ok((n, b)),
+        _ => Err(too_large(format!("{n} elements of {elem_size} bytes"))),
+    }
+}
+
 /// True when `strides` describe a dense row-major layout of `shape`. Dims of size 1 may carry
 /// any stride, and an empty tensor is always contiguous.
 pub fn is_contiguous(shape: &[usize], strides: &[isize]) -> bool {

@@ -24,6 +24,33 @@ fn contiguous_strides_and_numel() {
 }
 
 #[test]
+fn checked_numel_and_byte_size_refuse_overflow() {
+    use kernel_core::tensor::{checked_byte_size, checked_numel, MAX_TENSOR_BYTES};
+    assert_eq!(checked_numel(&[]), Some(1));
+    assert_eq!(checked_numel(&[3, 4]), Some(12));
+    assert_eq!(checked_numel(&[1 << 62, 1 << 62]), None);
+    // a zero dim makes any shape empty, however large the others
+    assert_eq!(checked_numel(&[1 << 62, 0, 1 << 62]), Some(0));
+    assert_eq!(checked_byte_size(&[3, 4], 4).unwrap(), (12, 48));
+    assert_eq!(checked_byte_size(&[usize::MAX, 0], 8).unwrap(), (0, 0));
+    // the largest element count whose bytes still fit, and one more element
+    let n = MAX_TENSOR_BYTES / 8;
+    assert_eq!(checked_byte_size(&[n], 8).unwrap(), (n, n * 8));
+    let e = checked_byte_size(&[n + 1], 8).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(
+        e.message
+            .contains(&format!("{} elements of 8 bytes", n + 1)),
+        "{e}"
+    );
+    let e = checked_byte_size(&[1 << 62, 1 << 62], 4).unwrap_err();
+    assert!(e.message.contains("element count overflows"), "{e}");
+    // bytes overflow usize although the element count does not: 2^62 * 4 = 2^64
+    let e = checked_byte_size(&[1 << 62], 4).unwrap_err();
+    assert!(e.message.contains("too large"), "{e}");
+}
+
+#[test]
 fn normalize_axis_accepts_python_style_and_rejects_out_of_range() {
     assert_eq!(normalize_axis(-1, 3).unwrap(), 2);
     assert_eq!(normalize_axis(0, 3).unwrap(), 0);

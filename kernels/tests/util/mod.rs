@@ -241,33 +241,77 @@ pub fn assert_err_contains(
     );
 }
 
-/// Relative/absolute tolerance for results in `dtype`.
-pub fn tol(dtype: DType) -> f64 {
+/// The per-op tolerances in ulps, with their justification: one table shared with the
+/// conformance harness (python/polyop/conformance/tolerances.txt).
+const TOLERANCES: &str = include_str!("../../../python/polyop/conformance/tolerances.txt");
+
+/// `op`'s tolerance in ulps (panics for an op missing from the table).
+pub fn ulps(op: &str) -> f64 {
+    TOLERANCES
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .find_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next() == Some(op)).then(|| it.next().unwrap().parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no tolerance for op `{op}` in tolerances.txt"))
+}
+
+/// The ulp of 1.0 in `dtype` (0 for integers: exact).
+pub fn eps(dtype: DType) -> f64 {
     match dtype {
-        DType::F16 => 2e-3,
-        DType::BF16 => 1.6e-2,
-        DType::F32 => 2e-6,
-        DType::F64 => 1e-12,
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        DType::F32 => 2f64.powi(-23),
+        DType::F64 => 2f64.powi(-52),
         _ => 0.0,
     }
 }
 
-/// `got` equals `want` within the dtype's tolerance (NaN must match NaN; infinities exactly).
-pub fn assert_close(got: &[f64], want: &[f64], dtype: DType, what: &str) {
-    assert_close_tol(got, want, tol(dtype), what)
+/// The smallest positive normal number of `dtype` (0 for integers).
+pub fn smallest_normal(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-14),
+        DType::BF16 | DType::F32 => 2f64.powi(-126),
+        DType::F64 => 2f64.powi(-1022),
+        _ => 0.0,
+    }
 }
 
-pub fn assert_close_tol(got: &[f64], want: &[f64], t: f64, what: &str) {
+/// `got` equals the exact `want` within the tolerance of the op named by `what`'s first word
+/// (see [`ulps`]): `|got - want| <= ulps * eps * |want| + ulps * smallest_normal`. NaN must
+/// match NaN, infinities exactly.
+pub fn assert_close(got: &[f64], want: &[f64], dtype: DType, what: &str) {
+    assert_close_scaled(got, want, None, dtype, what)
+}
+
+/// [`assert_close`] with the error bound relative to `scale` (e.g. the sum of |terms| of a
+/// computed sum) instead of `|want|`.
+pub fn assert_close_scaled(
+    got: &[f64],
+    want: &[f64],
+    scale: Option<&[f64]>,
+    dtype: DType,
+    what: &str,
+) {
+    let op = what.split_whitespace().next().unwrap_or(what);
+    let u = ulps(op);
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let s = scale.map_or(w.abs(), |s| s[i]);
+        let bound = u * eps(dtype) * s + u * smallest_normal(dtype);
         let ok = if w.is_nan() {
             g.is_nan()
         } else if w.is_infinite() {
             g == w
         } else {
-            (g - w).abs() <= t * (1.0 + w.abs())
+            (g - w).abs() <= bound
         };
-        assert!(ok, "{what}: element {i}: got {g}, want {w} (tol {t})");
+        assert!(
+            ok,
+            "{what}: element {i}: got {g}, want {w} ({dtype}, {u} ulps of {op}: bound {bound:e})"
+        );
     }
 }
 

@@ -27,14 +27,16 @@ import numpy as np
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-#: (rtol, atol) per output dtype; integer and bool outputs must match exactly. A value is
-#: close when ``|actual - expected| <= atol + rtol * |expected|`` with both in float64 and
-#: ``expected`` the float64 reference (not rounded to the output dtype).
+from .tolerances import DEFAULT_ULPS, rtol_atol, tolerance as _op_tolerance
+
+#: (rtol, atol) per output dtype for an op with no entry in ``tolerances.txt`` and no
+#: tolerance of its own: ``DEFAULT_ULPS`` ulps (see ``polyop.conformance.tolerances``).
+#: Integer and bool outputs must match exactly. A value is close when
+#: ``|actual - expected| <= atol + rtol * scale`` in float64, ``expected`` the float64
+#: reference (not rounded to the output dtype) and ``scale`` = ``|expected|`` unless the
+#: reference gives one.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float16": (1e-3, 1e-3),
-    "bfloat16": (1e-2, 1e-2),
-    "float32": (1e-5, 1e-6),
-    "float64": (1e-12, 1e-12),
+    dt: rtol_atol(dt, DEFAULT_ULPS) for dt in FLOAT_DTYPES
 }
 
 #: The pseudo-mode under which gradient checks are reported.
@@ -68,7 +70,10 @@ class Case:
     framework's gradient check too (float64, away from kinks). ``expect_error``: the case is
     bad input; the error message must contain this substring (or one of a tuple of
     alternatives, for frameworks that check an argument before polyop sees it) and name the op.
-    ``tolerance``: ``(rtol, atol)`` for every float output, or ``{dtype_name: (rtol, atol)}``.
+    ``ulps``: the tolerance in units of each float dtype's rounding (see
+    ``polyop.conformance.tolerances``); default: the op's entry in ``tolerances.txt``.
+    ``tolerance``: explicit ``(rtol, atol)`` for every float output, or
+    ``{dtype_name: (rtol, atol)}`` (overrides ``ulps``).
     ``tags``: free-form labels (``"strided"``, ``"empty"``, ...) for reports.
     """
 
@@ -79,6 +84,7 @@ class Case:
     grad: bool = False
     expect_error: str | tuple[str, ...] | None = None
     tolerance: tuple[float, float] | dict[str, tuple[float, float]] | None = None
+    ulps: float | None = None
     tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -108,7 +114,9 @@ class Case:
                 return tuple(t[dtype])  # type: ignore[return-value]
         elif t is not None:
             return tuple(t)  # type: ignore[return-value]
-        return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+        if self.ulps is not None:
+            return rtol_atol(dtype, self.ulps)
+        return _op_tolerance(self.op, dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -195,17 +203,20 @@ def _to_f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float64)
 
 
-def normalize_expected(ref_out: Any) -> list[tuple[np.ndarray, str]]:
-    """Reference outputs as ``(values, dtype_name)``: an item may be an array (its own dtype
-    is expected) or ``(values, dtype_name)`` with float64 values for a lower-precision
-    output."""
+def normalize_expected(ref_out: Any) -> list[tuple[np.ndarray, str, np.ndarray | None]]:
+    """Reference outputs as ``(values, dtype_name, scale)``: an item may be an array (its
+    own dtype is expected), ``(values, dtype_name)`` with float64 values for a
+    lower-precision output, or ``(values, dtype_name, scale)`` where ``scale`` (same shape)
+    is the magnitude the error bound is relative to, e.g. the sum of ``|terms|`` of a
+    computed sum (default ``|values|``)."""
     items = []
     for r in _as_list(ref_out):
-        if isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], str):
-            items.append((np.asarray(r[0]), r[1]))
+        if isinstance(r, tuple) and len(r) in (2, 3) and isinstance(r[1], str):
+            scale = np.asarray(r[2], dtype=np.float64) if len(r) == 3 else None
+            items.append((np.asarray(r[0]), r[1], scale))
         else:
             r = np.asarray(r)
-            items.append((r, r.dtype.name))
+            items.append((r, r.dtype.name, None))
     return items
 
 
@@ -214,7 +225,7 @@ def compare_to_reference(case: Case, actual: Sequence[Any], expected: Any) -> st
     exp = normalize_expected(expected)
     if len(actual) != len(exp):
         return f"expected {len(exp)} output(s), got {len(actual)}"
-    for i, (a, (e, edt)) in enumerate(zip(actual, exp)):
+    for i, (a, (e, edt, scale)) in enumerate(zip(actual, exp)):
         a = np.asarray(a)
         if a.dtype.name != edt:
             return f"output {i}: dtype {a.dtype.name}, expected {edt}"
@@ -238,7 +249,7 @@ def compare_to_reference(case: Case, actual: Sequence[Any], expected: Any) -> st
             fin = ok & ~both_inf
             with np.errstate(invalid="ignore", over="ignore"):
                 err = np.abs(af - ef)
-                bound = atol + rtol * np.abs(ef)
+                bound = atol + rtol * (np.abs(ef) if scale is None else np.broadcast_to(scale, ef.shape))
             bad = fin & ~(err <= bound)
             if np.any(bad):
                 idx = tuple(int(j) for j in np.argwhere(bad)[0])
