@@ -9,7 +9,10 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
         let p = e.expect("entry").path();
         if p.is_dir() {
             // Tests may name ops (they exercise the stock library); generated bindings do not.
-            if !matches!(p.file_name().and_then(|n| n.to_str()), Some("tests" | "target")) {
+            if !matches!(
+                p.file_name().and_then(|n| n.to_str()),
+                Some("tests" | "target")
+            ) {
                 sources(&p, out);
             }
         } else if matches!(
@@ -38,7 +41,11 @@ fn no_adapter_names_a_stock_op() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../adapters");
     let mut files = Vec::new();
     sources(&root, &mut files);
-    assert!(files.len() > 20, "found only {} adapter sources", files.len());
+    assert!(
+        files.len() > 20,
+        "found only {} adapter sources",
+        files.len()
+    );
     let names: Vec<&str> = polyop_kernels::registry().ops().map(|o| o.name).collect();
     let mut hits = Vec::new();
     for f in &files {
