@@ -2,17 +2,14 @@
 # The whole test suite, from a fresh clone: set-up, Rust checks and tests, every Python test
 # file in its own process (frameworks never share a process), and the conformance suite.
 # Ends with one line "N passed, N failed[, N skipped]" and exits non-zero on any failure.
+#
+# Every step is bounded in time (`timeout`): a hang fails with the step's name instead of
+# stalling CI. The limits (seconds) can be raised for slow machines with
+# POLYOP_CI_TIMEOUT_SCALE (a whole-number factor, default 1). A pytest collection error is
+# reported with the file whose tests it hid.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$PWD
-START=$(date +%s)
 
-bash ci/setup.sh || { echo "ci/setup.sh failed"; echo "0 passed, 1 failed"; exit 1; }
-
-VPY=$ROOT/.venv/bin/python
-export PYO3_PYTHON=$VPY
-export PATH="$ROOT/.venv/bin:$PATH"
-LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/polyop-ci.XXXXXX")
+SCALE=${POLYOP_CI_TIMEOUT_SCALE:-1}
 PASSED=0
 FAILED=0
 SKIPPED=0
@@ -21,79 +18,156 @@ FAILURES=()
 section() { printf '\n==== %s\n' "$*"; }
 fail() { FAILED=$((FAILED + 1)); FAILURES+=("$1"); }
 
+# bounded NAME SECONDS CMD...: run CMD with a time limit; on expiry print and return 124.
+bounded() {
+    local name=$1 secs=$(($2 * SCALE))
+    shift 2
+    timeout --kill-after=30 "$secs" "$@"
+    local rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "TIMEOUT: $name did not finish within ${secs}s" >&2
+        return 124
+    fi
+    return "$rc"
+}
+
 # A whole step counted as one check.
 check() {
-    local name=$1
-    shift
+    local name=$1 secs=$2
+    shift 2
     section "$name"
-    if "$@"; then
+    bounded "$name" "$secs" "$@"
+    local rc=$?
+    if [ "$rc" -eq 0 ]; then
         PASSED=$((PASSED + 1))
+    elif [ "$rc" -eq 124 ]; then
+        fail "$name: timed out after $((secs * SCALE))s"
     else
         fail "$name"
     fi
 }
 
-check "cargo fmt --all --check" cargo fmt --all --check
-check "cargo clippy --workspace --all-targets -- -D warnings" \
-    cargo clippy --workspace --all-targets --quiet -- -D warnings
-
-section "cargo test --workspace"
-cargo test --workspace --no-fail-fast 2>&1 | tee "$LOGDIR/cargo-test.log"
-rc=${PIPESTATUS[0]}
-read -r p f i < <(awk '/^test result:/ {
-        for (k = 1; k <= NF; k++) {
-            if ($(k+1) ~ /^passed/) p += $k;
-            if ($(k+1) ~ /^failed/) f += $k;
-            if ($(k+1) ~ /^ignored/) i += $k;
-        }
-    } END { print p + 0, f + 0, i + 0 }' "$LOGDIR/cargo-test.log")
-PASSED=$((PASSED + p))
-FAILED=$((FAILED + f))
-SKIPPED=$((SKIPPED + i))
-if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then fail "cargo test (exit $rc, e.g. a build error)"; fi
-[ "$f" -ne 0 ] && FAILURES+=("cargo test: $f failed")
-
-# One pytest process per file.
+# One pytest process per file: run_pytest FILE [SECONDS].
 run_pytest() {
-    local file=$1
+    local file=$1 secs=${2:-1800}
     local xml
     xml="$LOGDIR/$(echo "$file" | tr '/' '_').xml"
+    rm -f "$xml"
     section "pytest $file"
-    "$VPY" -m pytest -q -p no:cacheprovider --junit-xml="$xml" "$file"
+    bounded "pytest $file" "$secs" "$VPY" -m pytest -q -p no:cacheprovider --junit-xml="$xml" "$file"
     local rc=$?
+    if [ "$rc" -eq 124 ]; then
+        fail "pytest $file: timed out after $((secs * SCALE))s"
+        return
+    fi
     if [ ! -f "$xml" ]; then
         fail "pytest $file (exit $rc, no report)"
         return
     fi
-    read -r t f e s < <("$VPY" - "$xml" <<'PY'
-import sys, xml.etree.ElementTree as ET
+    # tests, failures, errors (collection errors apart), skipped, then one line per
+    # collection error: the file whose tests it hid
+    local counts hidden
+    counts=$("$VPY" - "$xml" <<'PY'
+import os, sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 suites = [root] if root.tag == "testsuite" else list(root)
 tot = lambda k: sum(int(s.get(k, 0)) for s in suites)
-print(tot("tests"), tot("failures"), tot("errors"), tot("skipped"))
+hidden = []
+for tc in root.iter("testcase"):
+    for e in tc.findall("error"):
+        if (e.get("message") or "").startswith("collection failure"):
+            name = tc.get("name") or tc.get("classname") or "?"
+            path = name.replace(".", "/") + ".py"  # the module pytest could not import
+            hidden.append(path if os.path.exists(path) else name)
+print(tot("tests") - len(hidden), tot("failures"), tot("errors") - len(hidden), tot("skipped"))
+for h in hidden:
+    print(h)
 PY
 )
+    local t f e s
+    read -r t f e s <<<"$(head -n1 <<<"$counts")"
+    hidden=$(tail -n +2 <<<"$counts")
     PASSED=$((PASSED + t - f - e - s))
     FAILED=$((FAILED + f + e))
     SKIPPED=$((SKIPPED + s))
     [ $((f + e)) -ne 0 ] && FAILURES+=("pytest $file: $((f + e)) failed")
-    if [ "$rc" -eq 5 ]; then
-        fail "pytest $file collected no tests"
-    elif [ "$rc" -ne 0 ] && [ $((f + e)) -eq 0 ]; then
-        fail "pytest $file (exit $rc)"
+    local h
+    while IFS= read -r h; do
+        [ -n "$h" ] && fail "pytest $file: collection error in $h (none of its tests ran)"
+    done <<<"$hidden"
+    if [ -z "$hidden" ]; then
+        if [ "$rc" -eq 5 ]; then
+            fail "pytest $file collected no tests"
+        elif [ "$rc" -ne 0 ] && [ $((f + e)) -eq 0 ]; then
+            fail "pytest $file (exit $rc)"
+        fi
     fi
 }
 
-for f in tests/test_*.py; do
-    run_pytest "$f"
-done
-run_pytest conformance/test_harness.py
-run_pytest conformance/test_conformance.py
+summary() {
+    for x in "${FAILURES[@]+"${FAILURES[@]}"}"; do echo "FAILED: $x"; done
+    local line="$PASSED passed, $FAILED failed"
+    [ "$SKIPPED" -ne 0 ] && line="$line, $SKIPPED skipped"
+    echo "$line"
+}
 
-rm -rf "$LOGDIR"
-section "summary ($(($(date +%s) - START))s)"
-for x in "${FAILURES[@]+"${FAILURES[@]}"}"; do echo "FAILED: $x"; done
-line="$PASSED passed, $FAILED failed"
-[ "$SKIPPED" -ne 0 ] && line="$line, $SKIPPED skipped"
-echo "$line"
-[ "$FAILED" -eq 0 ]
+main() {
+    cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+    ROOT=$PWD
+    START=$(date +%s)
+
+    # the first run installs several GB of frameworks and builds everything
+    if ! bounded "ci/setup.sh" 5400 bash ci/setup.sh; then
+        echo "ci/setup.sh failed (or timed out)"
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+
+    VPY=$ROOT/.venv/bin/python
+    export PYO3_PYTHON=$VPY
+    export PATH="$ROOT/.venv/bin:$PATH"
+    LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/polyop-ci.XXXXXX")
+
+    check "cargo fmt --all --check" 300 cargo fmt --all --check
+    check "cargo clippy --workspace --all-targets -- -D warnings" 3600 \
+        cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+    section "cargo test --workspace"
+    bounded "cargo test --workspace" 3600 cargo test --workspace --no-fail-fast 2>&1 |
+        tee "$LOGDIR/cargo-test.log"
+    local rc=${PIPESTATUS[0]}
+    local p f i
+    read -r p f i < <(awk '/^test result:/ {
+            for (k = 1; k <= NF; k++) {
+                if ($(k+1) ~ /^passed/) p += $k;
+                if ($(k+1) ~ /^failed/) f += $k;
+                if ($(k+1) ~ /^ignored/) i += $k;
+            }
+        } END { print p + 0, f + 0, i + 0 }' "$LOGDIR/cargo-test.log")
+    PASSED=$((PASSED + p))
+    FAILED=$((FAILED + f))
+    SKIPPED=$((SKIPPED + i))
+    if [ "$rc" -eq 124 ]; then
+        fail "cargo test --workspace: timed out after $((3600 * SCALE))s"
+    elif [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        fail "cargo test (exit $rc, e.g. a build error)"
+    fi
+    [ "$f" -ne 0 ] && FAILURES+=("cargo test: $f failed")
+
+    local t
+    for t in tests/test_*.py; do
+        run_pytest "$t" 1800
+    done
+    run_pytest conformance/test_harness.py 600
+    run_pytest conformance/test_conformance.py 3600
+
+    rm -rf "$LOGDIR"
+    section "summary ($(($(date +%s) - START))s)"
+    summary
+    [ "$FAILED" -eq 0 ]
+}
+
+# `source ci/test.sh` defines the functions only (tests/test_ci.py exercises them).
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi

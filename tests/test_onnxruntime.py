@@ -1,13 +1,16 @@
 """ONNX Runtime surface: libpolyop_onnxruntime.so registered with
 SessionOptions.register_custom_ops_library, ai.polyop models built with onnx.helper.
 
-References are NumPy or ONNX Runtime's own built-in ops, never the code under test; bitwise
-comparisons are against the NumPy core (polyop.run), which the conformance suite checks
-independently."""
+References are NumPy or ONNX Runtime's own built-in ops, never the code under test. Where a
+result is also compared bit for bit with the NumPy core (polyop.run), it is checked against
+the independent reference of conformance/reference.py as well (in every dtype, backward ops
+included), within the tolerances of polyop/conformance/tolerances.txt."""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +27,10 @@ from onnxruntime.capi.onnxruntime_pybind11_state import (  # noqa: I001
 
 import polyop
 import polyop.onnxruntime as pox
+from polyop.conformance import Case, compare_to_reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+import reference as conformance_reference  # noqa: E402  (conformance/reference.py)
 
 LIB = polyop.library_path("onnxruntime")
 OPSETS = [helper.make_opsetid("", 20), helper.make_opsetid("ai.polyop", 1)]
@@ -352,6 +359,10 @@ def test_pox_run_bitwise_equal_to_native_for_every_float_dtype(dtype):
         want = polyop.run(op, *args, **attrs)
         got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
         assert all(same_bits(a, b) for a, b in zip(got, want)), (op, dtype)
+        # and right, not merely the same: against the independent float64 reference
+        exact = conformance_reference.reference(op, list(args), dict(attrs))
+        bad = compare_to_reference(Case(op, list(args), dict(attrs)), list(got), exact)
+        assert bad is None, (op, np.dtype(dtype).name, bad)
 
 
 def test_pox_run_strided_input():
@@ -418,19 +429,19 @@ BAD = [
     ("dtype mismatch", "Add", [("x", x32), ("y", x32.astype(np.float64))], {}, "dtype mismatch"),
     ("bad broadcast", "Add", [("x", np.ones(2, np.float32)), ("y", np.ones(3, np.float32))], {}, "cannot be broadcast"),
     ("axis out of range", "Softmax", [("x", x32)], {"axis": 2}, "axis 2 is out of range"),
-    ("k out of range", "TopK", [("x", x32)], {"k": 5}, "k"),
-    ("negative k", "TopK", [("x", x32)], {"k": -1}, "k"),
+    ("k out of range", "TopK", [("x", x32)], {"k": 5}, "k=5 is out of range for axis 1 of size 4"),
+    ("negative k", "TopK", [("x", x32)], {"k": -1}, "k=-1 must be >= 0"),
     ("missing k", "TopK", [("x", x32)], {}, "missing required attribute `k`"),
-    ("bad approximate", "Gelu", [("x", x32)], {"approximate": "fast"}, "approximate"),
+    ("bad approximate", "Gelu", [("x", x32)], {"approximate": "fast"}, 'approximate must be "none" or "tanh", got "fast"'),
     ("wrong attribute type", "Gelu", [("x", x32)], {"approximate": 1}, "`approximate` must be str"),
     ("bool out of range", "TopK", [("x", x32)], {"k": 1, "largest": 2}, "`largest` must be bool"),
-    ("wrong weight shape", "RmsNorm", [("x", x32), ("w", np.ones(3, np.float32))], {}, "weight"),
+    ("wrong weight shape", "RmsNorm", [("x", x32), ("w", np.ones(3, np.float32))], {}, "weight must have shape [4]"),
     (
         "conv channel mismatch",
         "Conv2d",
         [("x", np.ones((1, 3, 5, 5), np.float32)), ("w", np.ones((2, 2, 3, 3), np.float32))],
         {},
-        "channel",
+        "input has 3 channels but weight expects 2",
     ),
 ]
 
@@ -482,7 +493,18 @@ def test_bad_input_dynamic_shapes_fail_the_run_with_invalid_argument(case):
         "conv channel mismatch": {"x": np.ones((1, 2, 5, 5), np.float32), "w": np.ones((2, 2, 3, 3), np.float32)},
     }[case[0]]
     res = sess.run(None, good)
-    assert all(np.all(np.isfinite(r.astype(np.float64))) for r in res)
+    # the values, computed here with NumPy (all inputs are ones)
+    want = {
+        "bad broadcast": [np.full(3, 2.0, np.float32)],
+        "axis out of range": [np.full((2, 2, 3), 1 / 3, np.float32)],
+        "k out of range": [np.ones((2, 5), np.float32), np.tile(np.arange(5, dtype=np.int64), (2, 1))],
+        "wrong weight shape": [np.full((2, 4), 1 / np.sqrt(1 + 1e-6), np.float32)],
+        "conv channel mismatch": [np.full((1, 2, 3, 3), 18.0, np.float32)],
+    }[case[0]]
+    assert len(res) == len(want)
+    for r, w in zip(res, want):
+        assert r.dtype == w.dtype and r.shape == w.shape, (r.dtype, r.shape)
+        np.testing.assert_allclose(r, w, rtol=2**-23, atol=0)
     _check_next_run_works()
 
 

@@ -1,0 +1,46 @@
+"""ci/test.sh's bookkeeping, on small fake steps: a collection error is reported with the file
+whose tests it hid, and a step that hangs fails with its name (no step may stall CI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ci(tmp_path, script: str) -> str:
+    """Run ``script`` in bash after sourcing ci/test.sh (functions only), from tmp_path."""
+    code = f"""
+source {REPO / 'ci' / 'test.sh'}
+VPY={sys.executable}
+LOGDIR=$(mktemp -d)
+{script}
+summary
+"""
+    p = subprocess.run(["bash", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return p.stdout + p.stderr
+
+
+def test_collection_error_names_the_hidden_file(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_broken.py").write_text("import no_such_module_xyz\n\ndef test_a():\n    pass\n")
+    (tmp_path / "tests" / "test_fine.py").write_text("def test_ok():\n    pass\n")
+    out = _ci(tmp_path, "run_pytest tests/test_broken.py 120; run_pytest tests/test_fine.py 120")
+    assert "FAILED: pytest tests/test_broken.py: collection error in tests/test_broken.py (none of its tests ran)" in out, out
+    assert "1 passed, 1 failed" in out.splitlines(), out
+
+
+def test_failures_are_counted_per_test(tmp_path):
+    (tmp_path / "test_mixed.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert 0\n")
+    out = _ci(tmp_path, "run_pytest test_mixed.py 120")
+    assert "FAILED: pytest test_mixed.py: 1 failed" in out and "1 passed, 1 failed" in out.splitlines(), out
+
+
+def test_a_hanging_step_fails_with_its_name(tmp_path):
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(600)\n")
+    out = _ci(tmp_path, 'check "a sleepy step" 1 sleep 600; run_pytest test_hang.py 5')
+    assert "FAILED: a sleepy step: timed out after 1s" in out, out
+    assert "FAILED: pytest test_hang.py: timed out after 5s" in out, out
+    assert "0 passed, 2 failed" in out.splitlines(), out
