@@ -16,6 +16,7 @@ pub mod op;
 pub mod parallel;
 pub mod schema;
 pub mod tensor;
+pub mod unknown_attrs;
 
 pub use attrs::{widen_f32_attr, AttrValue, Attrs};
 pub use call::{AttrSource, CallSite, CallSites, Phase};
