@@ -1,25 +1,25 @@
 //! Finds TensorFlow's `libtensorflow_framework.so.2` (where the C API symbols `TF_NewOpDefinitionBuilder`,
 //! `TF_NewKernelBuilder`, `TF_AllocateOutput`, ... live in the pip wheel) and links it with an rpath,
-//! so `tf.load_op_library` needs nothing else. Python: `$POLYOP_PYTHON`, else `<workspace>/.venv/bin/python`.
+//! so `tf.load_op_library` needs nothing else (located by `polyop_build::package_dir`).
 //! Also generates the per-op trampolines (C callbacks carry no user data, so each op slot gets its
 //! own monomorphised `extern "C"` function).
 
 use std::env;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::Command;
 
 /// Upper bound on the number of ops one library can register.
 const SLOTS: usize = 256;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-env-changed=POLYOP_PYTHON");
-    println!("cargo:rerun-if-env-changed=POLYOP_TF_DIR");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     gen_trampolines(&out);
 
-    let Some(tf_dir) = find_tf_dir() else {
+    let tf_dir = polyop_build::package_dir("tensorflow", "POLYOP_TF_DIR")
+        .ok()
+        .filter(|d| d.join("libtensorflow_framework.so.2").exists());
+    let Some(tf_dir) = tf_dir else {
         println!(
             "cargo:warning=polyop-tensorflow: TensorFlow not found (set POLYOP_PYTHON); \
              libpolyop_tensorflow.so is built without a link to libtensorflow_framework.so.2 \
@@ -38,35 +38,6 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=tensorflow_framework");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", tf_dir.display());
     println!("cargo:rustc-env=POLYOP_TF_DIR={}", tf_dir.display());
-}
-
-fn find_tf_dir() -> Option<PathBuf> {
-    if let Ok(d) = env::var("POLYOP_TF_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    let python = env::var("POLYOP_PYTHON")
-        .ok()
-        .map(PathBuf::from)
-        .or_else(|| {
-            let ws = PathBuf::from(env::var("CARGO_MANIFEST_DIR").ok()?).join("../..");
-            let p = ws.join(".venv/bin/python");
-            p.exists().then_some(p)
-        })?;
-    println!("cargo:rerun-if-changed={}", python.display());
-    // find_spec does not import tensorflow (seconds) just to learn where it is.
-    let out = Command::new(&python)
-        .args([
-            "-c",
-            "import importlib.util as u; s = u.find_spec('tensorflow'); \
-             print(s.submodule_search_locations[0] if s else '')",
-        ])
-        .output()
-        .ok()?;
-    let dir = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    let dir = PathBuf::from(dir);
-    dir.join("libtensorflow_framework.so.2")
-        .exists()
-        .then_some(dir)
 }
 
 fn gen_trampolines(out: &std::path::Path) {
