@@ -5,7 +5,7 @@
 //! against onnxruntime. Every wrapper turns a non-null `OrtStatus*` into a `kernel_core::Error`
 //! (releasing the status), so callers can use `?`.
 
-use kernel_core::{Error, Result};
+use kernel_core::{with_i64_dims, Error, Result};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtApi, OrtKernelContext, OrtKernelInfo, OrtOpAttr,
     OrtOpAttrType, OrtShapeInferContext, OrtStatusPtr, OrtTensorTypeAndShapeInfo, OrtValue,
@@ -192,28 +192,12 @@ impl Api {
         i: usize,
         shape: &[usize],
     ) -> Result<*mut OrtValue> {
-        // Dims on the stack for the usual ranks (this runs on every call).
-        let mut small = [0i64; 8];
-        let heap: Vec<i64>;
-        let dims: &[i64] = if shape.len() <= small.len() {
-            for (d, &s) in small.iter_mut().zip(shape) {
-                *d = s as i64;
-            }
-            &small[..shape.len()]
-        } else {
-            heap = shape.iter().map(|&d| d as i64).collect();
-            &heap
-        };
         let mut v: *mut OrtValue = ptr::null_mut();
-        unsafe {
-            self.check((self.0.KernelContext_GetOutput)(
-                ctx,
-                i,
-                dims.as_ptr(),
-                dims.len(),
-                &mut v,
-            ))?
-        };
+        let get = self.0.KernelContext_GetOutput;
+        // SAFETY: `ctx` is the live kernel context (this function's contract).
+        with_i64_dims(shape, |d| {
+            self.check(unsafe { get(ctx, i, d.as_ptr(), d.len(), &mut v) })
+        })?;
         Ok(v)
     }
 
@@ -229,69 +213,33 @@ impl Api {
         let st = unsafe { (self.0.KernelInfoGetAttribute_float)(info, name.as_ptr(), &mut v) };
         self.check(st).ok().map(|_| v)
     }
-    pub unsafe fn info_string(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<String> {
+    /// A variable-size attribute: asks `get` for the size first, then fills a buffer.
+    fn info_array<T: Default + Clone>(
+        &self,
+        get: impl Fn(*mut T, &mut usize) -> OrtStatusPtr,
+    ) -> Option<Vec<T>> {
         let mut size = 0usize;
-        let st = unsafe {
-            (self.0.KernelInfoGetAttribute_string)(info, name.as_ptr(), ptr::null_mut(), &mut size)
-        };
-        self.check(st).ok()?;
-        let mut buf = vec![0u8; size.max(1)];
-        let st = unsafe {
-            (self.0.KernelInfoGetAttribute_string)(
-                info,
-                name.as_ptr(),
-                buf.as_mut_ptr() as *mut c_char,
-                &mut size,
-            )
-        };
-        self.check(st).ok()?;
-        Some(string_from_buf(buf))
+        self.check(get(ptr::null_mut(), &mut size)).ok()?;
+        let mut v = vec![T::default(); size.max(1)];
+        self.check(get(v.as_mut_ptr(), &mut size)).ok()?;
+        v.truncate(size);
+        Some(v)
+    }
+    pub unsafe fn info_string(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<String> {
+        let f = self.0.KernelInfoGetAttribute_string;
+        // SAFETY: `info` is live (this function's contract); `get` passes a buffer of `size`.
+        let buf = self.info_array(|p: *mut c_char, n| unsafe { f(info, name.as_ptr(), p, n) })?;
+        Some(string_from_buf(buf.into_iter().map(|c| c as u8).collect()))
     }
     pub unsafe fn info_ints(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<i64>> {
-        let mut size = 0usize;
-        let st = unsafe {
-            (self.0.KernelInfoGetAttributeArray_int64)(
-                info,
-                name.as_ptr(),
-                ptr::null_mut(),
-                &mut size,
-            )
-        };
-        self.check(st).ok()?;
-        let mut v = vec![0i64; size];
-        let st = unsafe {
-            (self.0.KernelInfoGetAttributeArray_int64)(
-                info,
-                name.as_ptr(),
-                v.as_mut_ptr(),
-                &mut size,
-            )
-        };
-        self.check(st).ok()?;
-        Some(v)
+        let f = self.0.KernelInfoGetAttributeArray_int64;
+        // SAFETY: as in `info_string`.
+        self.info_array(|p, n| unsafe { f(info, name.as_ptr(), p, n) })
     }
     pub unsafe fn info_floats(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<f32>> {
-        let mut size = 0usize;
-        let st = unsafe {
-            (self.0.KernelInfoGetAttributeArray_float)(
-                info,
-                name.as_ptr(),
-                ptr::null_mut(),
-                &mut size,
-            )
-        };
-        self.check(st).ok()?;
-        let mut v = vec![0f32; size];
-        let st = unsafe {
-            (self.0.KernelInfoGetAttributeArray_float)(
-                info,
-                name.as_ptr(),
-                v.as_mut_ptr(),
-                &mut size,
-            )
-        };
-        self.check(st).ok()?;
-        Some(v)
+        let f = self.0.KernelInfoGetAttributeArray_float;
+        // SAFETY: as in `info_string`.
+        self.info_array(|p, n| unsafe { f(info, name.as_ptr(), p, n) })
     }
 
     /// Declared element type and dims (None = unknown) of node input `i`; `None` when the input

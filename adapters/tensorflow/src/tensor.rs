@@ -3,7 +3,9 @@
 
 use crate::sys::*;
 use kernel_core::op::OutputAllocator;
-use kernel_core::{contiguous_strides, numel, DType, Error, Result, TensorMut, TensorRef};
+use kernel_core::{
+    contiguous_strides, numel, with_i64_dims, DType, Error, Result, TensorMut, TensorRef,
+};
 
 pub fn dtype_from_tf(t: TF_DataType) -> Option<DType> {
     Some(match t {
@@ -64,22 +66,10 @@ pub(crate) struct TfOutputs {
 
 impl<'a> OutputAllocator<'a> for TfOutputs {
     fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>> {
-        // Dims on the stack for the usual ranks (this runs on every call).
-        let mut small = [0i64; 8];
-        let heap: Vec<i64>;
-        let dims: &[i64] = if shape.len() <= small.len() {
-            for (d, &s) in small.iter_mut().zip(shape) {
-                *d = s as i64;
-            }
-            &small[..shape.len()]
-        } else {
-            heap = shape.iter().map(|&d| d as i64).collect();
-            &heap
-        };
         let st = Status::new();
         // SAFETY: the kernel context is live for the compute call that made `self`; the byte
         // size was overflow-checked by kernel-core's call path.
-        let t = unsafe {
+        let t = with_i64_dims(shape, |dims| unsafe {
             TF_AllocateOutput(
                 self.ctx,
                 index as i32,
@@ -89,7 +79,7 @@ impl<'a> OutputAllocator<'a> for TfOutputs {
                 numel(shape) * dtype.size(),
                 st.0,
             )
-        };
+        });
         if !st.ok() || t.is_null() {
             return Err(Error::internal(format!(
                 "TF_AllocateOutput({index}, {shape:?}) failed: {}",

@@ -1,249 +1,228 @@
-//! Attribute source: the call frame's typed attributes (scalars, strings, arrays) decoded by
-//! name and bound to the schema, and the raw byte key that lets a repeated call reuse them.
+//! Attribute source: the call frame's typed attributes (scalars, strings, arrays), read once
+//! as borrowed bytes. The same walk gives the call-site key (so a repeated call reuses its
+//! bound attributes) and, on a miss, the values bound to the schema (SPEC §1: ints as
+//! int8..int64/uint8..uint64, floats as float16..float64, bools as PRED scalars, strings,
+//! int and float arrays).
+
+// The bindgen constant names (`XLA_FFI_DataType_XLA_FFI_DataType_F32`) are used unqualified.
+#![allow(non_upper_case_globals)]
 
 use crate::sys;
-use crate::tensor::{dtype_from_xla, xla_dtype_name};
-use kernel_core::{AttrValue, Error, OpDef, Result};
+use crate::tensor::xla_dtype_name;
+use kernel_core::{widen_f32_attr, AttrValue, Attrs, Error, OpDef, Result};
+use sys::XLA_FFI_AttrType as AttrType;
+use sys::XLA_FFI_DataType as DataType;
 
-pub(crate) unsafe fn span_str<'a>(s: *const sys::XLA_FFI_ByteSpan) -> Result<&'a str> {
-    if s.is_null() {
-        return Err(Error::internal("null attribute name"));
-    }
-    let s = unsafe { &*s };
-    if s.len == 0 {
-        return Ok("");
-    }
-    let bytes = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
-    std::str::from_utf8(bytes).map_err(|_| Error::invalid("attribute string is not UTF-8"))
+/// One attribute as the frame holds it.
+struct Raw<'a> {
+    name: &'a [u8],
+    ty: AttrType,
+    /// Element type of a scalar or array (0 for a string).
+    dtype: DataType,
+    /// The value's bytes: one element, the array's elements, or the string.
+    bytes: &'a [u8],
 }
 
-pub(crate) unsafe fn read_int(dtype: sys::XLA_FFI_DataType, p: *const u8) -> Option<i64> {
-    unsafe {
-        Some(match dtype {
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_S8 => *(p as *const i8) as i64,
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_S16 => (p as *const i16).read_unaligned() as i64,
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_S32 => (p as *const i32).read_unaligned() as i64,
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_S64 => (p as *const i64).read_unaligned(),
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_U8 => *p as i64,
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_U16 => (p as *const u16).read_unaligned() as i64,
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_U32 => (p as *const u32).read_unaligned() as i64,
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_U64 => {
-                i64::try_from((p as *const u64).read_unaligned()).ok()?
-            }
-            _ => return None,
-        })
-    }
-}
-
-pub(crate) unsafe fn read_float(dtype: sys::XLA_FFI_DataType, p: *const u8) -> Option<f64> {
-    unsafe {
-        Some(match dtype {
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => {
-                kernel_core::widen_f32_attr((p as *const f32).read_unaligned())
-            }
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => (p as *const f64).read_unaligned(),
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_F16 => {
-                kernel_core::half::f16::from_bits((p as *const u16).read_unaligned()).to_f64()
-            }
-            sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => {
-                kernel_core::half::bf16::from_bits((p as *const u16).read_unaligned()).to_f64()
-            }
-            _ => return None,
-        })
-    }
-}
-
-/// Decode one attribute into kernel-core's [`AttrValue`] (SPEC §1: ints as int32/int64,
-/// floats as float32/float64, bools as PRED scalars, strings; int and float arrays too).
-pub(crate) unsafe fn decode_attr(
-    name: &str,
-    ty: sys::XLA_FFI_AttrType,
-    p: *mut std::ffi::c_void,
-) -> Result<AttrValue> {
-    if p.is_null() {
-        return Err(Error::internal(format!("attribute `{name}`: null value")));
-    }
-    match ty {
-        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR => {
-            let s = unsafe { &*(p as *const sys::XLA_FFI_Scalar) };
-            let v = s.value as *const u8;
-            if s.dtype == sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED {
-                return Ok(AttrValue::Bool(unsafe { *v } != 0));
-            }
-            if let Some(i) = unsafe { read_int(s.dtype, v) } {
-                return Ok(AttrValue::Int(i));
-            }
-            if let Some(f) = unsafe { read_float(s.dtype, v) } {
-                return Ok(AttrValue::Float(f));
-            }
-            Err(Error::invalid(format!(
-                "attribute `{name}` has unsupported scalar type {}",
-                xla_dtype_name(s.dtype)
-            )))
-        }
-        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_STRING => {
-            let s = unsafe { span_str(p as *const sys::XLA_FFI_ByteSpan)? };
-            Ok(AttrValue::Str(s.to_string()))
-        }
-        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_ARRAY => {
-            let a = unsafe { &*(p as *const sys::XLA_FFI_Array) };
-            let base = a.data as *const u8;
-            let size = match dtype_from_xla(a.dtype) {
-                Some(d) => d.size(),
-                None => match a.dtype {
-                    sys::XLA_FFI_DataType_XLA_FFI_DataType_S8
-                    | sys::XLA_FFI_DataType_XLA_FFI_DataType_U8 => 1,
-                    sys::XLA_FFI_DataType_XLA_FFI_DataType_S16
-                    | sys::XLA_FFI_DataType_XLA_FFI_DataType_U16 => 2,
-                    sys::XLA_FFI_DataType_XLA_FFI_DataType_U32 => 4,
-                    sys::XLA_FFI_DataType_XLA_FFI_DataType_U64 => 8,
-                    _ => 0,
-                },
-            };
-            if read_float_ok(a.dtype) {
-                let v: Vec<f64> = (0..a.size)
-                    .map(|i| unsafe { read_float(a.dtype, base.add(i * size)).unwrap_or(0.0) })
-                    .collect();
-                return Ok(AttrValue::FloatList(v));
-            }
-            if size > 0 && a.dtype != sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED {
-                let v: Option<Vec<i64>> = (0..a.size)
-                    .map(|i| unsafe { read_int(a.dtype, base.add(i * size)) })
-                    .collect();
-                return v.map(AttrValue::IntList).ok_or_else(|| {
-                    Error::invalid(format!("attribute `{name}`: int array out of range"))
-                });
-            }
-            Err(Error::invalid(format!(
-                "attribute `{name}` is an array of unsupported type {}",
-                xla_dtype_name(a.dtype)
-            )))
-        }
-        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_DICTIONARY => Err(Error::invalid(format!(
-            "attribute `{name}` is a dictionary; polyop attributes are scalars, strings or arrays"
-        ))),
-        other => Err(Error::invalid(format!(
-            "attribute `{name}` has unknown FFI attribute type {other}"
-        ))),
-    }
-}
-
-pub(crate) fn read_float_ok(d: sys::XLA_FFI_DataType) -> bool {
-    matches!(
-        d,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F16
-            | sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16
-            | sys::XLA_FFI_DataType_XLA_FFI_DataType_F32
-            | sys::XLA_FFI_DataType_XLA_FFI_DataType_F64
-    )
-}
-
-/// Byte size of an XLA element type usable in an attribute key (`None`: not keyable).
-pub(crate) fn xla_elem_size(d: sys::XLA_FFI_DataType) -> Option<usize> {
+/// Byte size of an XLA element type attributes may use.
+fn elem_size(d: DataType) -> Option<usize> {
+    use sys::*;
     Some(match d {
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_S8
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U8 => 1,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S16
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U16
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_F16
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => 2,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S32
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U32
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => 4,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S64
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_U64
-        | sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => 8,
+        XLA_FFI_DataType_XLA_FFI_DataType_PRED
+        | XLA_FFI_DataType_XLA_FFI_DataType_S8
+        | XLA_FFI_DataType_XLA_FFI_DataType_U8 => 1,
+        XLA_FFI_DataType_XLA_FFI_DataType_S16
+        | XLA_FFI_DataType_XLA_FFI_DataType_U16
+        | XLA_FFI_DataType_XLA_FFI_DataType_F16
+        | XLA_FFI_DataType_XLA_FFI_DataType_BF16 => 2,
+        XLA_FFI_DataType_XLA_FFI_DataType_S32
+        | XLA_FFI_DataType_XLA_FFI_DataType_U32
+        | XLA_FFI_DataType_XLA_FFI_DataType_F32 => 4,
+        XLA_FFI_DataType_XLA_FFI_DataType_S64
+        | XLA_FFI_DataType_XLA_FFI_DataType_U64
+        | XLA_FFI_DataType_XLA_FFI_DataType_F64 => 8,
         _ => return None,
     })
 }
 
-/// Feed an unambiguous byte encoding of the frame's attributes (count; per attribute: name,
-/// type, dtype, value bytes, lengths prefixed) to `sink`, chunk by chunk, without allocating.
-/// Stops early when `sink` returns false. Returns false when `sink` did, or when an attribute
-/// cannot be encoded (null pointers, dictionaries, unknown dtypes).
-pub(crate) unsafe fn attrs_key(
-    attrs: &sys::XLA_FFI_Attrs,
-    sink: &mut dyn FnMut(&[u8]) -> bool,
-) -> bool {
-    let n = attrs.size.max(0) as usize;
-    if !sink(&n.to_ne_bytes()) {
-        return false;
+/// `len` bytes at `p` (empty when `len` is 0, whatever `p` is).
+///
+/// # Safety
+/// Unless `len` is 0, `p` points to `len` readable bytes that live for `'a`.
+unsafe fn bytes<'a>(p: *const std::ffi::c_void, len: usize) -> Result<&'a [u8]> {
+    match (len, p.is_null()) {
+        (0, _) => Ok(&[]),
+        (_, true) => Err(Error::internal("null attribute data")),
+        // SAFETY: this function's contract.
+        _ => Ok(unsafe { std::slice::from_raw_parts(p as *const u8, len) }),
     }
-    for i in 0..n {
-        let name = unsafe { *attrs.names.add(i) };
-        let ty = unsafe { *attrs.types.add(i) };
-        let p = unsafe { *attrs.attrs.add(i) };
+}
+
+/// The frame's attributes, in order, as borrowed bytes.
+///
+/// # Safety
+/// `attrs` is the attribute list of a live call frame.
+unsafe fn raw_attrs(attrs: &sys::XLA_FFI_Attrs) -> impl Iterator<Item = Result<Raw<'_>>> {
+    (0..attrs.size.max(0) as usize).map(move |i| {
+        // SAFETY (this closure): i < attrs.size, the length of the three arrays; each entry
+        // points to a value of the type its `types` entry names, alive for the call.
+        let (name, ty, p) = unsafe { (*attrs.names.add(i), *attrs.types.add(i), *attrs.attrs.add(i)) };
         if name.is_null() || p.is_null() {
-            return false;
+            return Err(Error::internal("null attribute name or value"));
         }
-        let name = unsafe { &*name };
-        let name_bytes: &[u8] = if name.len == 0 {
-            &[]
-        } else {
-            unsafe { std::slice::from_raw_parts(name.ptr as *const u8, name.len) }
-        };
-        let (dtype, value): (sys::XLA_FFI_DataType, &[u8]) = match ty {
+        // SAFETY: see the closure.
+        let name = unsafe { bytes((*name).ptr as *const _, (*name).len) }?;
+        let label = || String::from_utf8_lossy(name).into_owned();
+        let (dtype, bytes) = match ty {
             sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR => {
+                // SAFETY: see the closure.
                 let s = unsafe { &*(p as *const sys::XLA_FFI_Scalar) };
-                let Some(size) = xla_elem_size(s.dtype) else {
-                    return false;
-                };
-                if s.value.is_null() {
-                    return false;
-                }
-                (s.dtype, unsafe {
-                    std::slice::from_raw_parts(s.value as *const u8, size)
-                })
+                let n = elem_size(s.dtype).ok_or_else(|| {
+                    let t = xla_dtype_name(s.dtype);
+                    Error::invalid(format!("attribute `{}` has unsupported scalar type {t}", label()))
+                })?;
+                // SAFETY: a scalar holds one element of its dtype.
+                (s.dtype, unsafe { bytes(s.value, n) }?)
             }
             sys::XLA_FFI_AttrType_XLA_FFI_AttrType_STRING => {
+                // SAFETY: see the closure.
                 let b = unsafe { &*(p as *const sys::XLA_FFI_ByteSpan) };
-                let v: &[u8] = if b.len == 0 {
-                    &[]
-                } else {
-                    unsafe { std::slice::from_raw_parts(b.ptr as *const u8, b.len) }
-                };
-                (0, v)
+                // SAFETY: a byte span of `len` bytes.
+                (0, unsafe { bytes(b.ptr as *const _, b.len) }?)
             }
             sys::XLA_FFI_AttrType_XLA_FFI_AttrType_ARRAY => {
+                // SAFETY: see the closure.
                 let a = unsafe { &*(p as *const sys::XLA_FFI_Array) };
-                let Some(size) = xla_elem_size(a.dtype) else {
-                    return false;
-                };
-                let v: &[u8] = if a.size == 0 {
-                    &[]
-                } else if a.data.is_null() {
-                    return false;
-                } else {
-                    unsafe { std::slice::from_raw_parts(a.data as *const u8, a.size * size) }
-                };
-                (a.dtype, v)
+                let n = elem_size(a.dtype).ok_or_else(|| {
+                    let t = xla_dtype_name(a.dtype);
+                    Error::invalid(format!("attribute `{}` is an array of unsupported type {t}", label()))
+                })?;
+                // SAFETY: an array of `size` elements of its dtype.
+                (a.dtype, unsafe { bytes(a.data, a.size * n) }?)
             }
-            _ => return false,
+            sys::XLA_FFI_AttrType_XLA_FFI_AttrType_DICTIONARY => {
+                return Err(Error::invalid(format!(
+                    "attribute `{}` is a dictionary; polyop attributes are scalars, strings or arrays",
+                    label()
+                )))
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "attribute `{}` has unknown FFI attribute type {other}",
+                    label()
+                )))
+            }
         };
-        let ok = sink(&name_bytes.len().to_ne_bytes())
-            && sink(name_bytes)
-            && sink(&(ty as u64).to_ne_bytes())
-            && sink(&(dtype as u64).to_ne_bytes())
-            && sink(&value.len().to_ne_bytes())
-            && sink(value);
-        if !ok {
-            return false;
+        Ok(Raw { name, ty, dtype, bytes })
+    })
+}
+
+/// Write the frame's attributes as a call-site key; false when one cannot be read (binding
+/// then reports what is wrong with it).
+///
+/// # Safety
+/// `attrs` is the attribute list of a live call frame.
+pub(crate) unsafe fn attrs_key(attrs: &sys::XLA_FFI_Attrs, key: &mut Vec<u8>) -> bool {
+    // SAFETY: this function's contract.
+    for raw in unsafe { raw_attrs(attrs) } {
+        let Ok(r) = raw else { return false };
+        for part in [r.name, r.bytes] {
+            key.extend_from_slice(&part.len().to_ne_bytes());
+            key.extend_from_slice(part);
         }
+        key.extend_from_slice(&(r.ty as u64).to_ne_bytes());
+        key.extend_from_slice(&(r.dtype as u64).to_ne_bytes());
     }
     true
 }
 
-pub(crate) unsafe fn decode_attrs(
-    op: &OpDef,
-    attrs: &sys::XLA_FFI_Attrs,
-) -> Result<kernel_core::Attrs> {
-    let n = attrs.size.max(0) as usize;
-    let mut given: Vec<(String, AttrValue)> = Vec::with_capacity(n);
-    for i in 0..n {
-        let name = unsafe { span_str(*attrs.names.add(i))? }.to_string();
-        let ty = unsafe { *attrs.types.add(i) };
-        let v = unsafe { decode_attr(&name, ty, *attrs.attrs.add(i))? };
+fn int(d: DataType, b: &[u8]) -> Option<i64> {
+    use sys::*;
+    macro_rules! read {
+        ($t:ty) => {
+            <$t>::from_ne_bytes(b.try_into().ok()?)
+        };
+    }
+    Some(match d {
+        XLA_FFI_DataType_XLA_FFI_DataType_S8 => read!(i8).into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_S16 => read!(i16).into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_S32 => read!(i32).into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_S64 => read!(i64),
+        XLA_FFI_DataType_XLA_FFI_DataType_U8 => read!(u8).into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_U16 => read!(u16).into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_U32 => read!(u32).into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_U64 => i64::try_from(read!(u64)).ok()?,
+        _ => return None,
+    })
+}
+
+fn float(d: DataType, b: &[u8]) -> Option<f64> {
+    use kernel_core::half::{bf16, f16};
+    use sys::*;
+    Some(match d {
+        XLA_FFI_DataType_XLA_FFI_DataType_F32 => {
+            widen_f32_attr(f32::from_ne_bytes(b.try_into().ok()?))
+        }
+        XLA_FFI_DataType_XLA_FFI_DataType_F64 => f64::from_ne_bytes(b.try_into().ok()?),
+        XLA_FFI_DataType_XLA_FFI_DataType_F16 => f16::from_ne_bytes(b.try_into().ok()?).to_f64(),
+        XLA_FFI_DataType_XLA_FFI_DataType_BF16 => bf16::from_ne_bytes(b.try_into().ok()?).to_f64(),
+        _ => return None,
+    })
+}
+
+fn value(r: &Raw, name: &str) -> Result<AttrValue> {
+    let pred = r.dtype == sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED;
+    let unsupported = |what: &str| {
+        Error::invalid(format!(
+            "attribute `{name}` {what} {}",
+            xla_dtype_name(r.dtype)
+        ))
+    };
+    match r.ty {
+        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR if pred => {
+            Ok(AttrValue::Bool(r.bytes[0] != 0))
+        }
+        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR => int(r.dtype, r.bytes)
+            .map(AttrValue::Int)
+            .or_else(|| float(r.dtype, r.bytes).map(AttrValue::Float))
+            .ok_or_else(|| unsupported("has unsupported scalar type")),
+        sys::XLA_FFI_AttrType_XLA_FFI_AttrType_STRING => std::str::from_utf8(r.bytes)
+            .map(|s| AttrValue::Str(s.to_string()))
+            .map_err(|_| Error::invalid("attribute string is not UTF-8")),
+        _ if pred => Err(unsupported("is an array of unsupported type")),
+        _ => {
+            let n = elem_size(r.dtype).unwrap_or(1);
+            let elems = r.bytes.chunks_exact(n);
+            if let Some(v) = elems
+                .clone()
+                .map(|b| float(r.dtype, b))
+                .collect::<Option<Vec<_>>>()
+            {
+                return Ok(AttrValue::FloatList(v));
+            }
+            elems
+                .map(|b| int(r.dtype, b))
+                .collect::<Option<Vec<_>>>()
+                .map(AttrValue::IntList)
+                .ok_or_else(|| {
+                    Error::invalid(format!("attribute `{name}`: int array out of range"))
+                })
+        }
+    }
+}
+
+/// The frame's attributes bound to the op's schema.
+///
+/// # Safety
+/// `attrs` is the attribute list of a live call frame.
+pub(crate) unsafe fn decode_attrs(op: &OpDef, attrs: &sys::XLA_FFI_Attrs) -> Result<Attrs> {
+    let mut given: Vec<(String, AttrValue)> = Vec::new();
+    // SAFETY: this function's contract.
+    for raw in unsafe { raw_attrs(attrs) } {
+        let r = raw?;
+        let name = std::str::from_utf8(r.name)
+            .map_err(|_| Error::invalid("attribute name is not UTF-8"))?
+            .to_string();
+        let v = value(&r, &name)?;
         given.push((name, v));
     }
     op.bind_attrs(given.iter().map(|(n, v)| (n.as_str(), v.clone())))

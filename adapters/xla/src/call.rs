@@ -123,12 +123,7 @@ unsafe fn handle_inner(
     let inputs = unsafe { decode_inputs(op, &f.args)? };
     let site = state.sites.get_or_bind(
         // SAFETY: the frame's attributes are valid for the call.
-        |key| unsafe {
-            attrs_key(&f.attrs, &mut |chunk| {
-                key.extend_from_slice(chunk);
-                true
-            })
-        },
+        |key| unsafe { attrs_key(&f.attrs, key) },
         // SAFETY: as above.
         || unsafe { decode_attrs(op, &f.attrs) },
     )?;

@@ -30,7 +30,7 @@ pub use parallel::{default_pool, parallel_for, PanicSlot, RayonPool, SerialPool,
 pub use schema::{Arg, ArgType, Schema};
 pub use tensor::{
     broadcast_shapes, broadcast_strides, contiguous_strides, for_each_row, normalize_axis, numel,
-    OwnedTensor, SharedMut, TensorMut, TensorRef,
+    with_i64_dims, OwnedTensor, SharedMut, TensorMut, TensorRef,
 };
 
 // Re-exported so `dispatch_float!` works in crates that do not depend on `half` themselves.

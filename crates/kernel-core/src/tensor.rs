@@ -574,3 +574,17 @@ impl<T> SharedMut<T> {
         unsafe { std::slice::from_raw_parts_mut(self.0.as_ptr().add(start), len) }
     }
 }
+
+/// Call `f` with `shape` as `i64` dims (what framework C APIs take), on the stack for ranks up
+/// to 8 (output allocation runs on every call).
+pub fn with_i64_dims<R>(shape: &[usize], f: impl FnOnce(&[i64]) -> R) -> R {
+    let mut small = [0i64; 8];
+    if shape.len() <= small.len() {
+        for (d, &s) in small.iter_mut().zip(shape) {
+            *d = s as i64;
+        }
+        f(&small[..shape.len()])
+    } else {
+        f(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
+    }
+}
