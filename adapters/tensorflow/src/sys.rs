@@ -1,216 +1,70 @@
-//! Hand-written declarations for the part of the TensorFlow C API polyop uses
-//! (`tensorflow/c/{ops,kernels,tf_tensor,tf_status,tf_datatype}.h` from the wheel's `include/`).
-//! Every type is opaque, so a small `extern "C"` block is simpler and more reviewable than
-//! bindgen output; the signatures below are copied from the TF 2.21 headers.
+//! The part of the TensorFlow C API polyop uses (`tensorflow/c/{tf_status,tf_tensor,ops,
+//! kernels}.h` from the wheel's `include/`). The declarations are bindgen output, committed in
+//! `sys/bindings.rs` and regenerated with `scripts/regen-bindings.sh`; this file keeps only what
+//! the headers do not declare as such (macros, callback types, the two registration calls taking
+//! non-null callbacks) and the `Status` RAII wrapper. Symbols resolve from
+//! `libtensorflow_framework.so.2`.
 
-#![allow(non_camel_case_types)]
+#![allow(non_camel_case_types, non_snake_case)]
 
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_char, c_uchar, c_void};
 
-macro_rules! opaque {
-    ($($name:ident),*) => {$(
-        #[repr(C)]
-        pub struct $name {
-            _p: [u8; 0],
-        }
-    )*};
-}
-opaque!(
-    TF_Status,
-    TF_Tensor,
-    TF_OpDefinitionBuilder,
-    TF_ShapeInferenceContext,
-    TF_ShapeHandle,
-    TF_DimensionHandle,
-    TF_KernelBuilder,
-    TF_OpKernelConstruction,
-    TF_OpKernelContext
-);
+#[allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code,
+    clippy::all
+)]
+mod bindings;
+pub use bindings::*;
 
-/// `TF_DataType` (tf_datatype.h).
-pub type TF_DataType = c_int;
-pub const TF_FLOAT: TF_DataType = 1;
-pub const TF_DOUBLE: TF_DataType = 2;
-pub const TF_INT32: TF_DataType = 3;
-pub const TF_BOOL: TF_DataType = 10;
-pub const TF_INT64: TF_DataType = 9;
-pub const TF_BFLOAT16: TF_DataType = 14;
-pub const TF_HALF: TF_DataType = 19;
+/// `TF_Bool` is a macro (`c_api_macros.h`): `unsigned char`.
+pub type TF_Bool = c_uchar;
 
-/// `TF_Code` (tf_status.h).
-pub type TF_Code = c_int;
-pub const TF_OK: TF_Code = 0;
-pub const TF_INVALID_ARGUMENT: TF_Code = 3;
-pub const TF_UNIMPLEMENTED: TF_Code = 12;
-pub const TF_INTERNAL: TF_Code = 13;
+// `TF_OK` & co. are macros over the `TSL_Code` enum constants (`tf_status.h`).
+pub const TF_OK: TF_Code = TSL_OK;
+pub const TF_INVALID_ARGUMENT: TF_Code = TSL_INVALID_ARGUMENT;
+pub const TF_UNIMPLEMENTED: TF_Code = TSL_UNIMPLEMENTED;
+pub const TF_INTERNAL: TF_Code = TSL_INTERNAL;
 
-pub type TF_Bool = u8;
-
+// The callback parameter types of the registration calls, unnamed in the headers.
 pub type ShapeFn = unsafe extern "C" fn(*mut TF_ShapeInferenceContext, *mut TF_Status);
 pub type CreateFn = unsafe extern "C" fn(*mut TF_OpKernelConstruction) -> *mut c_void;
 pub type ComputeFn = unsafe extern "C" fn(*mut c_void, *mut TF_OpKernelContext);
 pub type DeleteFn = unsafe extern "C" fn(*mut c_void);
 
-extern "C" {
-    // tf_status.h
-    pub fn TF_NewStatus() -> *mut TF_Status;
-    pub fn TF_DeleteStatus(s: *mut TF_Status);
-    pub fn TF_SetStatus(s: *mut TF_Status, code: TF_Code, msg: *const c_char);
-    pub fn TF_GetCode(s: *const TF_Status) -> TF_Code;
-    pub fn TF_Message(s: *const TF_Status) -> *const c_char;
+/// `bindings::TF_OpDefinitionBuilderSetShapeInferenceFunction` with a non-null function.
+/// # Safety
+/// `b` must be a live op definition builder.
+pub unsafe fn TF_OpDefinitionBuilderSetShapeInferenceFunction(
+    b: *mut TF_OpDefinitionBuilder,
+    f: ShapeFn,
+) {
+    // SAFETY: this function's contract.
+    unsafe { bindings::TF_OpDefinitionBuilderSetShapeInferenceFunction(b, Some(f)) }
+}
 
-    // tf_tensor.h
-    pub fn TF_TensorType(t: *const TF_Tensor) -> TF_DataType;
-    pub fn TF_NumDims(t: *const TF_Tensor) -> c_int;
-    pub fn TF_Dim(t: *const TF_Tensor, dim_index: c_int) -> i64;
-    pub fn TF_TensorData(t: *const TF_Tensor) -> *mut c_void;
-    pub fn TF_DeleteTensor(t: *mut TF_Tensor);
-
-    // ops.h
-    pub fn TF_NewOpDefinitionBuilder(op_name: *const c_char) -> *mut TF_OpDefinitionBuilder;
-    pub fn TF_RegisterOpDefinition(b: *mut TF_OpDefinitionBuilder, status: *mut TF_Status);
-    pub fn TF_OpDefinitionBuilderAddAttr(b: *mut TF_OpDefinitionBuilder, spec: *const c_char);
-    pub fn TF_OpDefinitionBuilderAddInput(b: *mut TF_OpDefinitionBuilder, spec: *const c_char);
-    pub fn TF_OpDefinitionBuilderAddOutput(b: *mut TF_OpDefinitionBuilder, spec: *const c_char);
-    pub fn TF_OpDefinitionBuilderSetShapeInferenceFunction(
-        b: *mut TF_OpDefinitionBuilder,
-        f: ShapeFn,
-    );
-    pub fn TF_ShapeInferenceContextNumInputs(ctx: *mut TF_ShapeInferenceContext) -> i64;
-    pub fn TF_NewShapeHandle() -> *mut TF_ShapeHandle;
-    pub fn TF_ShapeInferenceContextGetInput(
-        ctx: *mut TF_ShapeInferenceContext,
-        i: c_int,
-        handle: *mut TF_ShapeHandle,
-        status: *mut TF_Status,
-    );
-    pub fn TF_ShapeInferenceContextSetOutput(
-        ctx: *mut TF_ShapeInferenceContext,
-        i: c_int,
-        handle: *mut TF_ShapeHandle,
-        status: *mut TF_Status,
-    );
-    pub fn TF_ShapeInferenceContextScalar(
-        ctx: *mut TF_ShapeInferenceContext,
-    ) -> *mut TF_ShapeHandle;
-    pub fn TF_ShapeInferenceContextVectorFromSize(
-        ctx: *mut TF_ShapeInferenceContext,
-        size: usize,
-    ) -> *mut TF_ShapeHandle;
-    pub fn TF_NewDimensionHandle() -> *mut TF_DimensionHandle;
-    pub fn TF_ShapeInferenceContext_GetAttrType(
-        ctx: *mut TF_ShapeInferenceContext,
-        attr_name: *const c_char,
-        val: *mut TF_DataType,
-        status: *mut TF_Status,
-    );
-    pub fn TF_ShapeInferenceContextRank(
-        ctx: *mut TF_ShapeInferenceContext,
-        handle: *mut TF_ShapeHandle,
-    ) -> i64;
-    pub fn TF_ShapeInferenceContextRankKnown(
-        ctx: *mut TF_ShapeInferenceContext,
-        handle: *mut TF_ShapeHandle,
-    ) -> c_int;
-    pub fn TF_ShapeInferenceContextDim(
-        ctx: *mut TF_ShapeInferenceContext,
-        shape: *mut TF_ShapeHandle,
-        i: i64,
-        result: *mut TF_DimensionHandle,
-    );
-    pub fn TF_ShapeInferenceContextSetUnknownShape(
-        ctx: *mut TF_ShapeInferenceContext,
-        status: *mut TF_Status,
-    );
-    pub fn TF_DimensionHandleValueKnown(d: *mut TF_DimensionHandle) -> c_int;
-    pub fn TF_DimensionHandleValue(d: *mut TF_DimensionHandle) -> i64;
-    pub fn TF_ShapeInferenceContextConcatenateShapes(
-        ctx: *mut TF_ShapeInferenceContext,
-        first: *mut TF_ShapeHandle,
-        second: *mut TF_ShapeHandle,
-        result: *mut TF_ShapeHandle,
-        status: *mut TF_Status,
-    );
-    pub fn TF_DeleteShapeHandle(h: *mut TF_ShapeHandle);
-    pub fn TF_DeleteDimensionHandle(h: *mut TF_DimensionHandle);
-
-    // kernels.h
-    pub fn TF_NewKernelBuilder(
-        op_name: *const c_char,
-        device_name: *const c_char,
-        create: CreateFn,
-        compute: ComputeFn,
-        delete: DeleteFn,
-    ) -> *mut TF_KernelBuilder;
-    pub fn TF_RegisterKernelBuilder(
-        kernel_name: *const c_char,
-        b: *mut TF_KernelBuilder,
-        status: *mut TF_Status,
-    );
-    pub fn TF_NumInputs(ctx: *mut TF_OpKernelContext) -> c_int;
-    pub fn TF_GetInput(
-        ctx: *mut TF_OpKernelContext,
-        i: c_int,
-        tensor: *mut *mut TF_Tensor,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_Failure(ctx: *mut TF_OpKernelConstruction, s: *mut TF_Status);
-    pub fn TF_OpKernelContext_Failure(ctx: *mut TF_OpKernelContext, s: *mut TF_Status);
-    pub fn TF_OpKernelConstruction_GetAttrSize(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        list_size: *mut i32,
-        total_size: *mut i32,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_GetAttrInt64(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        val: *mut i64,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_GetAttrFloat(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        val: *mut f32,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_GetAttrBool(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        val: *mut TF_Bool,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_GetAttrString(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        val: *mut c_char,
-        max_length: usize,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_GetAttrInt64List(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        vals: *mut i64,
-        max_vals: c_int,
-        status: *mut TF_Status,
-    );
-    pub fn TF_OpKernelConstruction_GetAttrFloatList(
-        ctx: *mut TF_OpKernelConstruction,
-        name: *const c_char,
-        vals: *mut f32,
-        max_vals: c_int,
-        status: *mut TF_Status,
-    );
-    pub fn TF_AllocateOutput(
-        ctx: *mut TF_OpKernelContext,
-        index: c_int,
-        dtype: TF_DataType,
-        dims: *const i64,
-        num_dims: c_int,
-        len: usize,
-        status: *mut TF_Status,
-    ) -> *mut TF_Tensor;
+/// `bindings::TF_NewKernelBuilder` with non-null functions.
+/// # Safety
+/// `op_name` and `device_name` must be NUL-terminated strings.
+pub unsafe fn TF_NewKernelBuilder(
+    op_name: *const c_char,
+    device_name: *const c_char,
+    create: CreateFn,
+    compute: ComputeFn,
+    delete: DeleteFn,
+) -> *mut TF_KernelBuilder {
+    // SAFETY: this function's contract.
+    unsafe {
+        bindings::TF_NewKernelBuilder(
+            op_name,
+            device_name,
+            Some(create),
+            Some(compute),
+            Some(delete),
+        )
+    }
 }
 
 /// An owned `TF_Status`.
