@@ -9,8 +9,8 @@
 //   * each trampoline calls the `extern "C"` Rust entry point, which never unwinds and returns
 //     either nullptr or an error message; the trampoline then throws std::runtime_error.
 // Everything else (registration, stack decoding, tensors, the thread pool) is Rust calling the
-// C shim directly. The static_asserts below check that the hand-written Rust declarations in
-// src/ffi.rs agree with the installed headers.
+// C shim directly, through bindings bindgen generated from these headers (src/sys/bindings.rs,
+// scripts/regen-bindings.sh).
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/c/shim.h>
@@ -63,52 +63,11 @@ constexpr uint32_t kSlots = 512;
 constexpr std::array<BoxedFn, kSlots> kTable =
     make_table(std::make_integer_sequence<uint32_t, kSlots>{});
 
-// --- the Rust declarations (src/ffi.rs) must match the headers -----------------------------
-template <typename A, typename B>
-constexpr bool same = std::is_same_v<A, B>;
-using H = AtenTensorHandle;
-static_assert(same<StableIValue, uint64_t>);
-static_assert(same<AOTITorchError, int32_t>);
-static_assert(same<decltype(&torch_library_impl),
-                   AOTITorchError (*)(TorchLibraryHandle, const char*, BoxedFn, uint64_t)>);
-static_assert(same<decltype(&aoti_torch_library_init_def),
-                   AOTITorchError (*)(const char*, const char*, uint32_t, TorchLibraryHandle*)>);
-static_assert(same<decltype(&aoti_torch_library_init_impl),
-                   AOTITorchError (*)(const char*, const char*, const char*, uint32_t,
-                                      TorchLibraryHandle*)>);
-static_assert(same<decltype(&aoti_torch_library_init_fragment),
-                   AOTITorchError (*)(const char*, const char*, uint32_t, TorchLibraryHandle*)>);
-static_assert(same<decltype(&aoti_torch_library_def),
-                   AOTITorchError (*)(TorchLibraryHandle, const char*)>);
-static_assert(same<decltype(&torch_library_def_with_tags),
-                   AOTITorchError (*)(TorchLibraryHandle, const char*, const int32_t*, int32_t)>);
-static_assert(same<decltype(&aoti_torch_get_sizes), AOTITorchError (*)(H, int64_t**)>);
-static_assert(same<decltype(&aoti_torch_get_strides), AOTITorchError (*)(H, int64_t**)>);
-static_assert(same<decltype(&aoti_torch_get_dim), AOTITorchError (*)(H, int64_t*)>);
-static_assert(same<decltype(&aoti_torch_get_dtype), AOTITorchError (*)(H, int32_t*)>);
-static_assert(same<decltype(&aoti_torch_get_device_type), AOTITorchError (*)(H, int32_t*)>);
-static_assert(same<decltype(&aoti_torch_get_device_index), AOTITorchError (*)(H, int32_t*)>);
-static_assert(same<decltype(&aoti_torch_get_data_ptr), AOTITorchError (*)(H, void**)>);
-static_assert(same<decltype(&aoti_torch_new_tensor_handle), AOTITorchError (*)(H, H*)>);
-static_assert(same<decltype(&aoti_torch_delete_tensor_object), AOTITorchError (*)(H)>);
-static_assert(same<decltype(&aoti_torch_copy_), AOTITorchError (*)(H, H, int32_t)>);
-static_assert(same<decltype(&aoti_torch_empty_strided),
-                   AOTITorchError (*)(int64_t, const int64_t*, const int64_t*, int32_t, int32_t,
-                                      int32_t, H*)>);
-static_assert(same<decltype(&torch_parallel_for),
-                   AOTITorchError (*)(int64_t, int64_t, int64_t, ParallelFunc, void*)>);
-static_assert(same<ParallelFunc, void (*)(int64_t, int64_t, void*)>);
-static_assert(same<decltype(&torch_get_num_threads), AOTITorchError (*)(uint32_t*)>);
-static_assert(same<decltype(&torch_string_length), AOTITorchError (*)(StringHandle, size_t*)>);
-static_assert(same<decltype(&torch_string_c_str),
-                   AOTITorchError (*)(StringHandle, const char**)>);
-static_assert(same<decltype(&torch_delete_string), AOTITorchError (*)(StringHandle)>);
-static_assert(same<decltype(&torch_list_size), AOTITorchError (*)(StableListHandle, size_t*)>);
-static_assert(same<decltype(&torch_list_get_item),
-                   AOTITorchError (*)(StableListHandle, size_t, StableIValue*)>);
-static_assert(same<decltype(&torch_delete_list), AOTITorchError (*)(StableListHandle)>);
-static_assert(same<decltype(&torch_delete_stable_ivalue), AOTITorchError (*)(StableIValue*)>);
-static_assert(same<decltype(&torch_exception_get_what_without_backtrace), const char* (*)()>);
+// The trampolines are handed to torch_library_impl (by Rust, as `polyop_torch_slot(i)`), so
+// their type must be the boxed-kernel type the installed header declares.
+static_assert(std::is_same_v<decltype(&torch_library_impl),
+                             AOTITorchError (*)(TorchLibraryHandle, const char*, BoxedFn,
+                                                uint64_t)>);
 
 } // namespace
 

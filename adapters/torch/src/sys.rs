@@ -1,128 +1,53 @@
-//! Hand-written declarations of the libtorch stable C ABI (`torch/csrc/inductor/aoti_torch/c/
-//! shim.h` and `torch/csrc/stable/c/shim.h`) that the adapter uses. Small and opaque-pointer
-//! only; `cxx/trampoline.cpp` static_asserts each signature against the installed headers, so a
-//! mismatch fails the build. Symbols resolve from `libtorch_cpu.so`.
-
-#![allow(non_camel_case_types)]
+//! The libtorch stable C ABI (`torch/csrc/inductor/aoti_torch/c/shim.h` and
+//! `torch/csrc/stable/c/shim.h`) that the adapter uses. The declarations are bindgen output,
+//! committed in `sys/bindings.rs` and regenerated with `scripts/regen-bindings.sh`; this file
+//! keeps the hand-written rest: `SUCCESS`, the two calls taking non-null callbacks, the C++
+//! trampoline layer (`cxx/trampoline.cpp`) and `last_error`. Symbols resolve from
+//! `libtorch_cpu.so`.
 
 use std::ffi::{c_char, c_void};
 
-pub type StableIValue = u64;
-pub type AOTITorchError = i32;
-pub type AtenTensorHandle = *mut c_void;
-pub type TorchLibraryHandle = *mut c_void;
-pub type StringHandle = *mut c_void;
-pub type StableListHandle = *mut c_void;
+#[allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code,
+    clippy::all
+)]
+mod bindings;
+pub use bindings::*;
+
+/// The boxed kernel `torch_library_impl` takes (unnamed in the headers), non-null.
 pub type BoxedFn = unsafe extern "C" fn(*mut StableIValue, u64, u64);
-pub type ParallelFunc = unsafe extern "C" fn(i64, i64, *mut c_void);
 
-pub const SUCCESS: AOTITorchError = 0;
+/// `AOTITorchError` of a successful call (the `AOTI_TORCH_SUCCESS` macro; bindgen types it u32).
+pub const SUCCESS: AOTITorchError = AOTI_TORCH_SUCCESS as AOTITorchError;
 
-extern "C" {
-    // registration
-    pub fn aoti_torch_library_init_def(
-        ns: *const c_char,
-        file: *const c_char,
-        line: u32,
-        ret: *mut TorchLibraryHandle,
-    ) -> AOTITorchError;
-    pub fn aoti_torch_library_init_impl(
-        ns: *const c_char,
-        k: *const c_char,
-        file: *const c_char,
-        line: u32,
-        ret: *mut TorchLibraryHandle,
-    ) -> AOTITorchError;
-    pub fn aoti_torch_library_init_fragment(
-        ns: *const c_char,
-        file: *const c_char,
-        line: u32,
-        ret: *mut TorchLibraryHandle,
-    ) -> AOTITorchError;
-    pub fn aoti_torch_library_def(lib: TorchLibraryHandle, schema: *const c_char)
-        -> AOTITorchError;
-    pub fn torch_library_def_with_tags(
-        lib: TorchLibraryHandle,
-        schema: *const c_char,
-        tags: *const i32,
-        num_tags: i32,
-    ) -> AOTITorchError;
-    pub fn torch_library_impl(
-        lib: TorchLibraryHandle,
-        name: *const c_char,
-        f: BoxedFn,
-        extension_build_version: u64,
-    ) -> AOTITorchError;
-    pub fn torch_tag_dynamic_output_shape() -> i32;
+/// `bindings::torch_library_impl` with a non-null function.
+/// # Safety
+/// `lib` must be a live library handle and `name` a NUL-terminated string.
+pub unsafe fn torch_library_impl(
+    lib: TorchLibraryHandle,
+    name: *const c_char,
+    f: BoxedFn,
+    extension_build_version: u64,
+) -> AOTITorchError {
+    // SAFETY: this function's contract.
+    unsafe { bindings::torch_library_impl(lib, name, Some(f), extension_build_version) }
+}
 
-    // constants
-    pub fn aoti_torch_device_type_cpu() -> i32;
-    pub fn aoti_torch_device_type_meta() -> i32;
-    pub fn aoti_torch_device_type_cuda() -> i32;
-    pub fn aoti_torch_dtype_float16() -> i32;
-    pub fn aoti_torch_dtype_bfloat16() -> i32;
-    pub fn aoti_torch_dtype_float32() -> i32;
-    pub fn aoti_torch_dtype_float64() -> i32;
-    pub fn aoti_torch_dtype_int32() -> i32;
-    pub fn aoti_torch_dtype_int64() -> i32;
-    pub fn aoti_torch_dtype_bool() -> i32;
-    pub fn aoti_torch_dtype_uint8() -> i32;
-    pub fn aoti_torch_dtype_int8() -> i32;
-    pub fn aoti_torch_dtype_int16() -> i32;
-    pub fn aoti_torch_dtype_complex64() -> i32;
-    pub fn aoti_torch_dtype_complex128() -> i32;
-
-    // tensors
-    pub fn aoti_torch_get_dim(t: AtenTensorHandle, ret: *mut i64) -> AOTITorchError;
-    pub fn aoti_torch_get_sizes(t: AtenTensorHandle, ret: *mut *mut i64) -> AOTITorchError;
-    pub fn aoti_torch_get_strides(t: AtenTensorHandle, ret: *mut *mut i64) -> AOTITorchError;
-    pub fn aoti_torch_get_dtype(t: AtenTensorHandle, ret: *mut i32) -> AOTITorchError;
-    pub fn aoti_torch_get_device_type(t: AtenTensorHandle, ret: *mut i32) -> AOTITorchError;
-    pub fn aoti_torch_get_device_index(t: AtenTensorHandle, ret: *mut i32) -> AOTITorchError;
-    pub fn aoti_torch_get_data_ptr(t: AtenTensorHandle, ret: *mut *mut c_void) -> AOTITorchError;
-    pub fn aoti_torch_new_tensor_handle(
-        orig: AtenTensorHandle,
-        ret: *mut AtenTensorHandle,
-    ) -> AOTITorchError;
-    pub fn aoti_torch_delete_tensor_object(t: AtenTensorHandle) -> AOTITorchError;
-    pub fn aoti_torch_copy_(
-        dst: AtenTensorHandle,
-        src: AtenTensorHandle,
-        non_blocking: i32,
-    ) -> AOTITorchError;
-    pub fn aoti_torch_empty_strided(
-        ndim: i64,
-        sizes: *const i64,
-        strides: *const i64,
-        dtype: i32,
-        device_type: i32,
-        device_index: i32,
-        ret: *mut AtenTensorHandle,
-    ) -> AOTITorchError;
-
-    // boxed values
-    pub fn torch_string_length(h: StringHandle, len: *mut usize) -> AOTITorchError;
-    pub fn torch_string_c_str(h: StringHandle, data: *mut *const c_char) -> AOTITorchError;
-    pub fn torch_delete_string(h: StringHandle) -> AOTITorchError;
-    pub fn torch_list_size(h: StableListHandle, size: *mut usize) -> AOTITorchError;
-    pub fn torch_list_get_item(
-        h: StableListHandle,
-        index: usize,
-        out: *mut StableIValue,
-    ) -> AOTITorchError;
-    pub fn torch_delete_list(h: StableListHandle) -> AOTITorchError;
-    pub fn torch_delete_stable_ivalue(v: *mut StableIValue) -> AOTITorchError;
-
-    // threads, errors
-    pub fn torch_parallel_for(
-        begin: i64,
-        end: i64,
-        grain_size: i64,
-        f: ParallelFunc,
-        ctx: *mut c_void,
-    ) -> AOTITorchError;
-    pub fn torch_get_num_threads(out: *mut u32) -> AOTITorchError;
-    pub fn torch_exception_get_what_without_backtrace() -> *const c_char;
+/// `bindings::torch_parallel_for` with a non-null function.
+/// # Safety
+/// `f` must be safe to call on any subrange of `begin..end` with `ctx`, from any thread.
+pub unsafe fn torch_parallel_for(
+    begin: i64,
+    end: i64,
+    grain_size: i64,
+    f: unsafe extern "C" fn(i64, i64, *mut c_void),
+    ctx: *mut c_void,
+) -> AOTITorchError {
+    // SAFETY: this function's contract.
+    unsafe { bindings::torch_parallel_for(begin, end, grain_size, Some(f), ctx) }
 }
 
 // The C++ trampoline layer (cxx/trampoline.cpp).
