@@ -28,10 +28,11 @@ pub(crate) unsafe extern "system" fn create_kernel_v2(
     // SAFETY: onnxruntime calls this with an op we registered.
     let p: &PolyOp = unsafe { this(op) };
     // Prefer the table ONNX Runtime hands us here (same version we asked for).
-    // SAFETY: a non-null table from onnxruntime lives as long as the process.
     let api = if api.is_null() {
         p.api
     } else {
+        // SAFETY: a non-null table from onnxruntime is static data of the loaded library,
+        // never freed or written while it is loaded.
         Api(unsafe { &*api })
     };
     // SAFETY: `kernel` is onnxruntime's out-parameter.

@@ -76,6 +76,7 @@ pub unsafe fn register_custom_ops(
     options: *mut OrtSessionOptions,
     api_base: *const OrtApiBase,
 ) -> *mut OrtStatus {
+    // SAFETY: the same contract as this function's, passed on unchanged.
     unsafe { register_custom_ops_in_domain(DOMAIN, registry, options, api_base) }
 }
 
@@ -92,27 +93,40 @@ pub unsafe fn register_custom_ops_in_domain(
     if api_base.is_null() {
         return std::ptr::null_mut();
     }
+    // SAFETY: non-null, and by this function's contract the `OrtApiBase` onnxruntime passed to
+    // `RegisterCustomOps`: a static struct inside the loaded library.
     let base = unsafe { &*api_base };
+    // SAFETY: `GetApi` accepts any version and answers null for one it does not have.
     let api_ptr = unsafe { (base.GetApi)(API_VERSION) };
     if api_ptr.is_null() {
         // An onnxruntime older than the API we need: report it with the oldest table.
+        // SAFETY: as above.
         let old = unsafe { (base.GetApi)(1) };
         if old.is_null() {
             return std::ptr::null_mut();
         }
+        // SAFETY: a non-null table from `GetApi` is static data of the loaded library; it is
+        // never freed or written while the process has onnxruntime loaded.
         let api = Api(unsafe { &*old });
         return api.status_msg(
             OrtErrorCode::ORT_FAIL,
             &format!("polyop: this library needs ONNX Runtime C API version {API_VERSION} (onnxruntime 1.17) or newer"),
         );
     }
+    // SAFETY: as for `old` above; a version-`API_VERSION` table has every entry `Api` calls.
     let api = Api(unsafe { &*api_ptr });
+    // SAFETY: `base` is the `OrtApiBase` onnxruntime passed to `RegisterCustomOps` (above).
     unsafe { sys::init_shape_ref(base) };
     let r = std::panic::catch_unwind(|| -> kernel_core::Result<()> {
         let ops = custom_ops(registry, api);
         let domain_name = CString::new(domain_name)
             .map_err(|_| Error::invalid("the ONNX domain name contains a NUL byte"))?;
         let mut domain = std::ptr::null_mut();
+        // SAFETY: `domain_name` is a NUL-terminated string alive across the call (onnxruntime
+        // copies it); `domain` is the out-pointer `CreateCustomOpDomain` fills and is only used
+        // after it succeeded (`check` returns early otherwise); every `op.as_ort()` points into
+        // a leaked, never-freed `PolyOp` (`custom_ops`), so it outlives all sessions as
+        // onnxruntime requires; `options` is live by this function's contract.
         unsafe {
             api.check((api.0.CreateCustomOpDomain)(
                 domain_name.as_ptr(),
@@ -161,6 +175,8 @@ macro_rules! export {
             options: *mut $crate::__OrtSessionOptions,
             api_base: *const $crate::__OrtApiBase,
         ) -> *mut $crate::__OrtStatus {
+            // SAFETY: onnxruntime calls `RegisterCustomOps` with its own session options and
+            // API base, which is the contract of `register_custom_ops_in_domain`.
             unsafe { $crate::register_custom_ops_in_domain($domain, $registry, options, api_base) }
         }
         $crate::__polyop_export::library_exports!(

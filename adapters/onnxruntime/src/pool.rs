@@ -12,9 +12,11 @@ pub struct OrtPool {
     pub ctx: *const OrtKernelContext,
 }
 
-// SAFETY: the kernel context outlives the compute call this pool is used in, and
-// KernelContext_ParallelFor is meant to be called from the compute thread; tasks never touch
-// the context.
+// SAFETY: `Sync` lets kernel-core hand `&OrtPool` to pool tasks (`ThreadPool: Sync`). The only
+// use of `ctx` through a shared reference is passing it to `KernelContext_ParallelFor`, which
+// only reads the context (to find its intra-op pool); the context stays valid while any task
+// runs, since an `OrtPool` lives inside one compute call and `run` returns only after all of
+// its tasks have finished.
 unsafe impl Sync for OrtPool {}
 
 struct Task<'a> {
@@ -41,6 +43,10 @@ impl ThreadPool for OrtPool {
             let task = Task { f, slot: &slot };
             // num_batch = 0: onnxruntime's TrySimpleParallelFor, one call per task index, on
             // the session's intra-op pool (inline when the pool has one thread).
+            // SAFETY: `self.ctx` is the kernel context of the compute call this pool was made
+            // for, still running on this thread; `task` outlives the call, which returns only
+            // after every `trampoline(&task, i)` has finished, and `trampoline` catches panics
+            // so none unwinds into onnxruntime.
             let st = unsafe {
                 (self.api.0.KernelContext_ParallelFor)(
                     self.ctx,

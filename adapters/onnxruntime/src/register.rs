@@ -42,9 +42,13 @@ pub(crate) struct PolyOp {
     input_optional: Vec<bool>,
 }
 
-// SAFETY: immutable after construction; raw pointers inside are function pointers and a
-// process-lifetime API table.
+// SAFETY: a `PolyOp` holds no raw pointers: `base` is a `u32` and `Option<fn>`s, `op` a
+// `&'static OpDef`, `api` a `Send` table reference, the rest owned `CString`/`Vec`s. It is
+// never mutated after `new` (onnxruntime only reads it through `*const OrtCustomOp`), so moving
+// it to another thread is sound.
 unsafe impl Send for PolyOp {}
+// SAFETY: as for `Send`: immutable after construction, so shared references from onnxruntime's
+// threads (which call the `OrtCustomOp` callbacks concurrently) only read it.
 unsafe impl Sync for PolyOp {}
 
 impl PolyOp {
@@ -113,17 +117,23 @@ pub(crate) fn variants(api: Api, op: &'static OpDef) -> Vec<PolyOp> {
 /// # Safety
 /// `op` is a pointer onnxruntime got from [`PolyOp::as_ort`].
 pub(crate) unsafe fn this<'a>(op: *const OrtCustomOp) -> &'a PolyOp {
-    // SAFETY: ONNX Runtime only calls these with the pointers we registered (PolyOp.base).
+    // SAFETY: by this function's contract `op` is `&p.base` for some `PolyOp` `p`; `PolyOp` is
+    // `#[repr(C)]` with `base` first, so the pointer is also a valid `*const PolyOp`. Every
+    // `PolyOp` handed to onnxruntime is leaked (`custom_ops`), so any lifetime is fine.
     unsafe { &*(op as *const PolyOp) }
 }
 
+// SAFETY (every `this(op)` below): onnxruntime calls the `OrtCustomOp` callbacks only with the
+// pointer it was registered with, `PolyOp::as_ort` of a leaked `PolyOp`.
 unsafe extern "system" fn get_name(op: *const OrtCustomOp) -> *const c_char {
+    // SAFETY: see above. The name lives as long as the (leaked) `PolyOp`.
     unsafe { this(op) }.name.as_ptr()
 }
 unsafe extern "system" fn get_ep(_op: *const OrtCustomOp) -> *const c_char {
     std::ptr::null() // CPU execution provider
 }
 unsafe extern "system" fn get_input_type(op: *const OrtCustomOp, i: usize) -> ET {
+    // SAFETY: see above.
     let p = unsafe { this(op) };
     p.input_types
         .get(i)
@@ -131,9 +141,11 @@ unsafe extern "system" fn get_input_type(op: *const OrtCustomOp, i: usize) -> ET
         .unwrap_or(ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED)
 }
 unsafe extern "system" fn get_input_count(op: *const OrtCustomOp) -> usize {
+    // SAFETY: see above.
     unsafe { this(op) }.input_types.len()
 }
 unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, i: usize) -> ET {
+    // SAFETY: see above.
     let p = unsafe { this(op) };
     p.output_types
         .get(i)
@@ -141,9 +153,11 @@ unsafe extern "system" fn get_output_type(op: *const OrtCustomOp, i: usize) -> E
         .unwrap_or(ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED)
 }
 unsafe extern "system" fn get_output_count(op: *const OrtCustomOp) -> usize {
+    // SAFETY: see above.
     unsafe { this(op) }.output_types.len()
 }
 unsafe extern "system" fn get_input_ch(op: *const OrtCustomOp, i: usize) -> Ch {
+    // SAFETY: see above.
     if unsafe { this(op) }.input_optional.get(i) == Some(&true) {
         Ch::INPUT_OUTPUT_OPTIONAL
     } else {

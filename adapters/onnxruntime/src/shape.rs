@@ -39,8 +39,8 @@ pub(crate) unsafe fn info_specs(
     let n = unsafe { api.info_input_count(info) }?;
     (0..op.num_inputs().max(n))
         .map(|i| {
-            // SAFETY: i < the node's input count.
             match (i < n)
+                // SAFETY: `info` is live (this function's contract) and i < its input count.
                 .then(|| unsafe { api.info_input_spec(info, i) })
                 .flatten()
             {

@@ -4,6 +4,12 @@
 //! The table (`OrtApi`) arrives at load time through `RegisterCustomOps`; nothing here links
 //! against onnxruntime. Every wrapper turns a non-null `OrtStatus*` into a `kernel_core::Error`
 //! (releasing the status), so callers can use `?`.
+//!
+//! The contract of every `unsafe fn` here: each pointer argument is a live handle of the type
+//! it names, from the onnxruntime whose table `self` is, valid for the whole call (a kernel
+//! context or shape-inference context during its callback, a kernel info during
+//! `CreateKernelV2`, a value or attribute obtained from one of those), and each index is below
+//! the count the same handle reports.
 
 use kernel_core::{with_i64_dims, Error, Result};
 use ort_sys::{
@@ -25,8 +31,12 @@ pub const API_VERSION: u32 = 17;
 #[derive(Clone, Copy)]
 pub struct Api(pub &'static OrtApi);
 
-// SAFETY: the table is an immutable array of function pointers owned by onnxruntime.
+// SAFETY: `OrtApi` is a struct of function pointers only, static data of the loaded library
+// that onnxruntime never writes after handing it out, and its functions may be called from any
+// thread; sending the reference to another thread is sound.
 unsafe impl Send for Api {}
+// SAFETY: as for `Send`: the table is read-only, so shared references on several threads only
+// read it.
 unsafe impl Sync for Api {}
 
 /// `OrtApi::GetTensorElementTypeAndShapeDataReference` (C API 24, onnxruntime 1.24): element
@@ -61,6 +71,8 @@ pub unsafe fn init_shape_ref(base: &ort_sys::OrtApiBase) {
         if std::env::var_os("POLYOP_ORT_NO_SHAPE_REF").is_some() {
             return None;
         }
+        // SAFETY: `base` is onnxruntime's own `OrtApiBase` (this function's contract);
+        // `GetApi` accepts any version and answers null for one the runtime lacks.
         let t = unsafe { (base.GetApi)(SHAPE_REF_API_VERSION) };
         if t.is_null() {
             return None;
@@ -98,6 +110,9 @@ impl Api {
     ) -> Result<(ET, Vec<i64>)> {
         let mut et = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
         let mut n = 0usize;
+        // SAFETY: `info` is a live type-and-shape info (the module's contract); `et` and `n`
+        // are writable locals, and `dims` has room for exactly the `n` dims
+        // `GetDimensionsCount` reported for this same `info`.
         unsafe {
             self.check((self.0.GetTensorElementType)(info, &mut et))?;
             self.check((self.0.GetDimensionsCount)(info, &mut n))?;
@@ -114,6 +129,9 @@ impl Api {
         if let Some(f) = shape_ref_fn() {
             let mut et = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
             let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
+            // SAFETY: `f` is this runtime's `GetTensorElementTypeAndShapeDataReference`
+            // (`init_shape_ref` sets it only from a table of API >= 24); `v` is a live tensor
+            // value (the module's contract); the out-pointers are writable locals.
             unsafe { self.check(f(v, &mut et, &mut data, &mut n))? };
             let dims: &[i64] = if n == 0 || data.is_null() {
                 &[]
@@ -128,6 +146,9 @@ impl Api {
             return Ok((et, shape));
         }
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
+        // SAFETY: `v` is a live tensor value (the module's contract). `info` is used only after
+        // `GetTensorTypeAndShape` succeeded, which makes it a new info owned here; it is
+        // released exactly once, after its last use by `info_type_dims`.
         unsafe {
             self.check((self.0.GetTensorTypeAndShape)(v, &mut info))?;
             let r = self.info_type_dims(info);
@@ -146,6 +167,7 @@ impl Api {
         if let Some(f) = shape_ref_fn() {
             let mut got = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
             let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
+            // SAFETY: as in `value_type_shape`.
             unsafe { self.check(f(v, &mut got, &mut data, &mut n))? };
             if got != et || n != shape.len() {
                 return Ok(false);
@@ -157,12 +179,16 @@ impl Api {
             let dims = unsafe { std::slice::from_raw_parts(data, n) };
             return Ok(dims.iter().zip(shape).all(|(&d, &s)| d == s as i64));
         }
+        // SAFETY: `v` is a live tensor value (the module's contract).
         let (got, dims) = unsafe { self.value_type_shape(v) }?;
         Ok(got == et && dims == shape)
     }
 
     pub unsafe fn tensor_data(&self, v: *const OrtValue) -> Result<*mut u8> {
         let mut p: *mut c_void = ptr::null_mut();
+        // SAFETY: `v` is a live tensor value (the module's contract). The C signature takes
+        // `OrtValue*` but only reads the value to return its buffer pointer; whether that
+        // buffer may be written is up to the caller (inputs are only read).
         unsafe {
             self.check((self.0.GetTensorMutableData)(v as *mut OrtValue, &mut p))?;
         }
@@ -173,16 +199,19 @@ impl Api {
 
     pub unsafe fn input_count(&self, ctx: *const OrtKernelContext) -> Result<usize> {
         let mut n = 0;
+        // SAFETY: `ctx` is a live kernel context (the module's contract); `n` a writable local.
         unsafe { self.check((self.0.KernelContext_GetInputCount)(ctx, &mut n))? };
         Ok(n)
     }
     pub unsafe fn output_count(&self, ctx: *const OrtKernelContext) -> Result<usize> {
         let mut n = 0;
+        // SAFETY: as in `input_count`.
         unsafe { self.check((self.0.KernelContext_GetOutputCount)(ctx, &mut n))? };
         Ok(n)
     }
     pub unsafe fn input(&self, ctx: *const OrtKernelContext, i: usize) -> Result<*const OrtValue> {
         let mut v: *const OrtValue = ptr::null();
+        // SAFETY: as in `input_count`; `i` is below the context's input count.
         unsafe { self.check((self.0.KernelContext_GetInput)(ctx, i, &mut v))? };
         Ok(v)
     }
@@ -194,8 +223,9 @@ impl Api {
     ) -> Result<*mut OrtValue> {
         let mut v: *mut OrtValue = ptr::null_mut();
         let get = self.0.KernelContext_GetOutput;
-        // SAFETY: `ctx` is the live kernel context (this function's contract).
         with_i64_dims(shape, |d| {
+            // SAFETY: `ctx` is a live kernel context and `i` below its output count (the
+            // module's contract); `d` holds `d.len()` dims; `v` is a writable local.
             self.check(unsafe { get(ctx, i, d.as_ptr(), d.len(), &mut v) })
         })?;
         Ok(v)
@@ -205,11 +235,14 @@ impl Api {
 
     pub unsafe fn info_int(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<i64> {
         let mut v = 0i64;
+        // SAFETY: `info` is a live kernel info (the module's contract); `name` is
+        // NUL-terminated; `v` is a writable local.
         let st = unsafe { (self.0.KernelInfoGetAttribute_int64)(info, name.as_ptr(), &mut v) };
         self.check(st).ok().map(|_| v)
     }
     pub unsafe fn info_float(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<f32> {
         let mut v = 0f32;
+        // SAFETY: as in `info_int`.
         let st = unsafe { (self.0.KernelInfoGetAttribute_float)(info, name.as_ptr(), &mut v) };
         self.check(st).ok().map(|_| v)
     }
@@ -250,6 +283,10 @@ impl Api {
         i: usize,
     ) -> Option<(ET, Vec<Option<usize>>)> {
         let mut ti: *mut ort_sys::OrtTypeInfo = ptr::null_mut();
+        // SAFETY: `info` is a live kernel info and `i` below its input count (the module's
+        // contract). `ti` is used only after `KernelInfo_GetInputTypeInfo` succeeded with a
+        // non-null type info owned here; `tinfo` points into `ti` (not owned) and is used only
+        // before `ti` is released, exactly once.
         unsafe {
             self.check((self.0.KernelInfo_GetInputTypeInfo)(info, i, &mut ti))
                 .ok()?;
@@ -270,6 +307,7 @@ impl Api {
 
     pub unsafe fn info_input_count(&self, info: *const OrtKernelInfo) -> Result<usize> {
         let mut n = 0;
+        // SAFETY: `info` is a live kernel info (the module's contract); `n` a writable local.
         unsafe { self.check((self.0.KernelInfo_GetInputCount)(info, &mut n))? };
         Ok(n)
     }
@@ -278,6 +316,8 @@ impl Api {
 
     pub unsafe fn sic_input_count(&self, ctx: *const OrtShapeInferContext) -> Result<usize> {
         let mut n = 0;
+        // SAFETY: `ctx` is a live shape-inference context (the module's contract); `n` a
+        // writable local.
         unsafe { self.check((self.0.ShapeInferContext_GetInputCount)(ctx, &mut n))? };
         Ok(n)
     }
@@ -289,6 +329,9 @@ impl Api {
         i: usize,
     ) -> Result<(ET, Vec<Option<usize>>)> {
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
+        // SAFETY: `ctx` is a live shape-inference context and `i` below its input count (the
+        // module's contract); the info it returns belongs to the context (so is not released
+        // here) and is read only after the call succeeded with a non-null pointer.
         unsafe {
             self.check((self.0.ShapeInferContext_GetInputTypeShape)(
                 ctx, i, &mut info,
@@ -307,6 +350,8 @@ impl Api {
         name: &CStr,
     ) -> *const OrtOpAttr {
         let mut a: *const OrtOpAttr = ptr::null();
+        // SAFETY: `ctx` is a live shape-inference context (the module's contract); `name` is
+        // NUL-terminated; `a` is a writable local.
         let st = unsafe { (self.0.ShapeInferContext_GetAttribute)(ctx, name.as_ptr(), &mut a) };
         if self.check(st).is_err() {
             return ptr::null();
@@ -322,6 +367,9 @@ impl Api {
     ) -> Option<[u8; 8]> {
         let mut buf = [0u8; 8];
         let mut out = 0usize;
+        // SAFETY: `a` is a live attribute (the module's contract); `buf` has the `buf.len()`
+        // bytes passed as its size, so `ReadOpAttr` writes at most that many (it fails rather
+        // than overflow); `out` is a writable local.
         let st = unsafe {
             (self.0.ReadOpAttr)(a, ty, buf.as_mut_ptr() as *mut c_void, buf.len(), &mut out)
         };
@@ -336,9 +384,12 @@ impl Api {
     ) -> Option<Vec<u8>> {
         let mut out = 0usize;
         // First call with no room reports the size (and an error status we drop).
+        // SAFETY: `a` is a live attribute (the module's contract); with a null buffer of size
+        // 0 `ReadOpAttr` writes only `out`, a writable local.
         let st = unsafe { (self.0.ReadOpAttr)(a, ty, ptr::null_mut(), 0, &mut out) };
         self.release(st);
         let mut buf = vec![0u8; out.max(1)];
+        // SAFETY: as in `read_attr_scalar`: `buf` has the `buf.len()` bytes passed as its size.
         let st = unsafe {
             (self.0.ReadOpAttr)(a, ty, buf.as_mut_ptr() as *mut c_void, buf.len(), &mut out)
         };
@@ -357,6 +408,11 @@ impl Api {
         sym_prefix: &str,
     ) -> Result<()> {
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
+        // SAFETY: `ctx` is a live shape-inference context and `i` below the op's output count
+        // (the module's contract). `info` is used only after `CreateTensorTypeAndShapeInfo`
+        // succeeded, is owned here and released exactly once, after its last use. `vals`,
+        // `names` and `ptrs` outlive the calls that read them (onnxruntime copies dims and
+        // names) and each has `dims.len()` entries, the count passed.
         unsafe {
             self.check((self.0.CreateTensorTypeAndShapeInfo)(&mut info))?;
             let r = (|| {

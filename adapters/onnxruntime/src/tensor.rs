@@ -120,8 +120,10 @@ impl<'a> OutputAllocator<'a> for OrtOutputs {
         if v.is_null() {
             let mut t = OwnedTensor::zeros(dtype, shape);
             let ptr = t.view_mut().ptr();
-            self.scratch.push(t); // the heap buffer does not move with the OwnedTensor
-                                  // SAFETY: a fresh buffer owned by `self.scratch` for the rest of the call.
+            // The heap buffer does not move with the OwnedTensor.
+            self.scratch.push(t);
+            // SAFETY: a fresh buffer of `dtype` elements of `shape`, owned by `self.scratch`
+            // for the rest of the call.
             return Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, ptr) });
         }
         // Defensive (the kernel writes `dtype` elements of `shape` into this buffer): checked

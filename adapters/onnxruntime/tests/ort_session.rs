@@ -213,6 +213,11 @@ mod custom_registry {
             .with_intra_threads(2)
             .map_err(|e| anyhow!("{e}"))?;
         // The adapter's generic entry point, with a registry that is not the stock one.
+        // SAFETY: what `RegisterCustomOps` would get: `builder.ptr_mut()` is the live session
+        // options of the onnxruntime `ort` loaded, and `API_BASE` hands out that runtime's own
+        // table. `get_api` answers every version with it, as onnxruntime's `GetApi` does for
+        // every version up to its own; this needs a runtime of API >= 24 (onnxruntime 1.24;
+        // the venv's is 1.31.1), since `init_shape_ref` reads a version-24 entry.
         let st = unsafe {
             polyop_onnxruntime::register_custom_ops(registry(), builder.ptr_mut(), &API_BASE)
         };
