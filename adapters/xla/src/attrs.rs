@@ -63,7 +63,8 @@ unsafe fn bytes<'a>(p: *const std::ffi::c_void, len: usize) -> Result<&'a [u8]> 
 /// `attrs` is the attribute list of a live call frame.
 unsafe fn raw_attrs(attrs: &sys::XLA_FFI_Attrs) -> impl Iterator<Item = Result<Raw<'_>>> {
     (0..attrs.size.max(0) as usize).map(move |i| {
-        // SAFETY (this closure): i < attrs.size, the length of the three arrays; each entry
+        // SAFETY: i < attrs.size, the length of the three arrays of the live frame (this
+        // function's contract). The same holds for every block in this closure, and each entry
         // points to a value of the type its `types` entry names, alive for the call.
         let (name, ty, p) = unsafe { (*attrs.names.add(i), *attrs.types.add(i), *attrs.attrs.add(i)) };
         if name.is_null() || p.is_null() {

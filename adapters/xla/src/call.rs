@@ -57,6 +57,7 @@ pub unsafe fn handle(
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> FfiError {
     let state = OpState::new();
+    // SAFETY: the same contract as this function's, passed on unchanged.
     unsafe { handle_with(registry, op_name, &state, frame) }
 }
 
@@ -85,12 +86,16 @@ pub unsafe fn handle_with(
     )
 }
 
+/// # Safety
+/// `frame` is a non-null call frame with [`handle`]'s guarantees.
 unsafe fn handle_inner(
     registry: &'static Registry,
     op_name: &str,
     state: &OpState,
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> Result<()> {
+    // SAFETY: `frame` is a non-null call frame from XLA, live for this call (`handle_with`'s
+    // contract, checked non-null there).
     let f = unsafe { &*frame };
     if f.struct_size < sys::XLA_FFI_CallFrame_STRUCT_SIZE as usize {
         return Err(Error::unsupported(format!(
@@ -100,9 +105,11 @@ unsafe fn handle_inner(
         )));
     }
     // Metadata query first: XLA uses our answer to check compatibility itself.
+    // SAFETY: `f` is a live call frame whose extension chain XLA built.
     if unsafe { populate_metadata(f)? } {
         return Ok(());
     }
+    // SAFETY: `f.api` is null or the API table of the runtime that built the frame.
     unsafe { check_api(f.api)? };
     if f.stage != sys::XLA_FFI_ExecutionStage_XLA_FFI_ExecutionStage_EXECUTE {
         // Only an execute handler is registered; other stages have nothing to do.
@@ -120,6 +127,8 @@ unsafe fn handle_inner(
              (static shapes only); not available under XLA/JAX",
         ));
     }
+    // SAFETY: `f.args` is the operand list of the live frame; the views it returns are used
+    // only within this call, while XLA keeps the operand buffers alive.
     let inputs = unsafe { decode_inputs(op, &f.args)? };
     let site = state.sites.get_or_bind(
         // SAFETY: the frame's attributes are valid for the call.

@@ -14,12 +14,16 @@ pub unsafe fn destroy_error(api: *const sys::XLA_FFI_Api, err: FfiError) {
     if api.is_null() || err.is_null() {
         return;
     }
+    // SAFETY: `api` is a non-null, valid API table (this function's contract); the field is
+    // part of every API version (0.1 on).
     if let Some(destroy) = unsafe { (*api).XLA_FFI_Error_Destroy } {
         let mut args = sys::XLA_FFI_Error_Destroy_Args {
             struct_size: sys::XLA_FFI_Error_Destroy_Args_STRUCT_SIZE as usize,
             extension_start: std::ptr::null_mut(),
             error: err,
         };
+        // SAFETY: `err` was created by this table (this function's contract) and is not used
+        // again by the caller; `args` is a complete, correctly sized argument struct.
         unsafe { destroy(&mut args) };
     }
 }
@@ -41,6 +45,8 @@ pub unsafe fn make_error(api: *const sys::XLA_FFI_Api, err: &Error) -> FfiError 
     if api.is_null() {
         return std::ptr::null_mut();
     }
+    // SAFETY: `api` is a non-null, valid API table (this function's contract); the field is
+    // part of every API version (0.1 on).
     let Some(create) = (unsafe { (*api).XLA_FFI_Error_Create }) else {
         return std::ptr::null_mut();
     };
@@ -51,6 +57,7 @@ pub unsafe fn make_error(api: *const sys::XLA_FFI_Api, err: &Error) -> FfiError 
         message: msg.as_ptr(),
         errc: error_code(err.kind),
     };
-    // XLA copies the message into its own status object.
+    // SAFETY: `args` is a complete, correctly sized argument struct and `msg` a NUL-terminated
+    // string alive across the call; XLA copies the message into its own status object.
     unsafe { create(&mut args) }
 }

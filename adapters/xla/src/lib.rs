@@ -71,6 +71,8 @@ macro_rules! export {
                 ) -> *mut $crate::sys::XLA_FFI_Error {
                     static STATE: $crate::call::OpState = $crate::call::OpState::new();
                     let registry: &'static $crate::Registry = $registry;
+                    // SAFETY: XLA calls a handler with null or a call frame it built for this
+                    // call, valid until the handler returns: `handle_with`'s contract.
                     unsafe {
                         $crate::call::handle_with(registry, stringify!($name), &STATE, frame)
                     }

@@ -24,9 +24,15 @@ pub struct XlaPool {
     threads: std::sync::OnceLock<usize>,
 }
 
-// The api table and execution context are valid, and thread-safe to use, for the duration of
-// the handler call that created the pool; `run` returns before the handler does.
+// SAFETY: `Sync` lets kernel-core hand `&XlaPool` to pool tasks (`ThreadPool: Sync`). Through
+// a shared reference the pool only reads the API table and passes `ctx` to
+// `XLA_FFI_ThreadPool_NumThreads` (once, under the `OnceLock`) and `XLA_FFI_ThreadPool_Schedule`,
+// which XLA's intra-op pool accepts from any thread; both pointers stay valid while any task
+// runs, since an `XlaPool` lives inside one handler call and `run` returns only after all of
+// its tasks have finished.
 unsafe impl Sync for XlaPool {}
+// SAFETY: the pointers are not tied to the creating thread: the table is immutable and the
+// execution context may be used from any thread of the call, as for `Sync`.
 unsafe impl Send for XlaPool {}
 
 impl XlaPool {
@@ -42,6 +48,9 @@ impl XlaPool {
         if api.is_null() || ctx.is_null() {
             return None;
         }
+        // SAFETY: non-null, and by this function's contract the frame's API table, already
+        // checked by `check_api` to be at least our version's size, so the thread-pool entries
+        // (API 0.1) are in it.
         let a = unsafe { &*api };
         a.XLA_FFI_ThreadPool_NumThreads?;
         a.XLA_FFI_ThreadPool_Schedule?;
@@ -66,8 +75,12 @@ impl XlaPool {
                 ctx: self.ctx,
                 num_threads: &mut n,
             };
+            // SAFETY: `self.ctx` is the live execution context of this call (`from_call`'s
+            // contract); `args` is a complete, correctly sized argument struct and `n` a
+            // writable local.
             let err = unsafe { num_threads_fn(&mut args) };
             if !err.is_null() {
+                // SAFETY: `err` was just created by this table and is not used again.
                 unsafe { crate::error::destroy_error(self.api, err) };
                 return 0;
             }
@@ -88,7 +101,12 @@ struct Shared {
     cv: Condvar,
 }
 
+// SAFETY: the only non-thread-safe field is the raw `f`. It points to a `dyn Fn + Sync`, which
+// may be called from any thread through a shared reference, and (see `f`) is dereferenced only
+// while the closure is alive. The other fields are atomics, a `PanicSlot`, a mutex and a
+// condvar. A late helper may drop the last `Arc` on another thread; dropping `f` frees nothing.
 unsafe impl Send for Shared {}
+// SAFETY: as for `Send`: every method takes `&self` and touches `f` only as a shared call.
 unsafe impl Sync for Shared {}
 
 impl Shared {
@@ -145,6 +163,7 @@ impl ThreadPool for XlaPool {
             lock: Mutex::new(()),
             cv: Condvar::new(),
         });
+        // SAFETY: the API table of this call (`from_call`'s contract), checked to hold the entry.
         let schedule = unsafe { (*self.api).XLA_FFI_ThreadPool_Schedule };
         if let Some(schedule) = schedule {
             let helpers = (num_tasks - 1).min(threads);
@@ -157,9 +176,15 @@ impl ThreadPool for XlaPool {
                     task: Some(task_entry),
                     data,
                 };
+                // SAFETY: `self.ctx` is the live execution context of this call; `args` is a
+                // complete argument struct; `data` is a leaked `Box<Arc<Shared>>` that
+                // `task_entry` takes back exactly once when XLA runs it, and `task_entry`
+                // catches every panic.
                 let err = unsafe { schedule(&mut args) };
                 if !err.is_null() {
                     // Not scheduled: reclaim the reference; the caller does the work.
+                    // SAFETY: XLA refused the task, so `task_entry` will never see `data`: this
+                    // is its only release. `err` was just created by this table.
                     unsafe {
                         drop(Box::from_raw(data as *mut Arc<Shared>));
                         crate::error::destroy_error(self.api, err);

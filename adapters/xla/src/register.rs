@@ -24,6 +24,9 @@ pub unsafe fn check_api(api: *const sys::XLA_FFI_Api) -> Result<()> {
     if api.is_null() {
         return Err(Error::internal("call frame has no XLA_FFI_Api"));
     }
+    // SAFETY: non-null, and by this function's contract an API table. Only `api_version` and
+    // `struct_size` are read before the size check below; both lead the struct in every
+    // version.
     let a = unsafe { &*api };
     let (major, minor) = (a.api_version.major_version, a.api_version.minor_version);
     if major != API_MAJOR || minor < API_MINOR {
@@ -50,6 +53,8 @@ pub(crate) unsafe fn populate_metadata(frame: &sys::XLA_FFI_CallFrame) -> Result
     if ext.is_null() {
         return Ok(false);
     }
+    // SAFETY: a non-null extension pointer of a live call frame (this function's contract)
+    // points to an extension that starts with `XLA_FFI_Extension_Base`.
     let base = unsafe { &*ext };
     if base.type_ != sys::XLA_FFI_Extension_Type_XLA_FFI_Extension_Metadata {
         return Ok(false);
@@ -61,10 +66,14 @@ pub(crate) unsafe fn populate_metadata(frame: &sys::XLA_FFI_CallFrame) -> Result
             sys::XLA_FFI_Metadata_Extension_STRUCT_SIZE
         )));
     }
+    // SAFETY: the base says this is a metadata extension of at least our struct size, and
+    // `XLA_FFI_Metadata_Extension` starts with its base.
     let me = unsafe { &*(ext as *const sys::XLA_FFI_Metadata_Extension) };
     if me.metadata.is_null() {
         return Err(Error::internal("metadata query without a metadata struct"));
     }
+    // SAFETY: non-null, the metadata struct XLA passed for us to fill, not otherwise accessed
+    // during this call.
     let md = unsafe { &mut *me.metadata };
     if md.struct_size < sys::XLA_FFI_Metadata_STRUCT_SIZE as usize {
         return Err(Error::internal(format!(

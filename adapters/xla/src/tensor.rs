@@ -47,6 +47,9 @@ pub(crate) struct RawBuffer {
     pub data: *mut u8,
 }
 
+/// # Safety
+/// `p` is null or points to an `XLA_FFI_Buffer` of a live call frame, whose `dims` has `rank`
+/// entries.
 pub(crate) unsafe fn decode_buffer(
     p: *mut std::ffi::c_void,
     what: impl Fn() -> String,
@@ -54,6 +57,7 @@ pub(crate) unsafe fn decode_buffer(
     if p.is_null() {
         return Err(Error::internal(format!("{}: null buffer", what())));
     }
+    // SAFETY: non-null, so a buffer descriptor (this function's contract).
     let b = unsafe { &*(p as *const sys::XLA_FFI_Buffer) };
     if b.struct_size < sys::XLA_FFI_Buffer_STRUCT_SIZE as usize {
         return Err(Error::internal(format!(
@@ -69,6 +73,7 @@ pub(crate) unsafe fn decode_buffer(
     let dims: Vec<usize> = if b.rank == 0 {
         Vec::new()
     } else {
+        // SAFETY: `dims` has `rank` (> 0 here) entries (this function's contract).
         let d = unsafe { std::slice::from_raw_parts(b.dims, b.rank as usize) };
         if d.iter().any(|&x| x < 0) {
             return Err(Error::invalid(format!(
@@ -85,6 +90,8 @@ pub(crate) unsafe fn decode_buffer(
     })
 }
 
+/// # Safety
+/// `args` is the operand list of a live call frame; the views live no longer than its buffers.
 pub(crate) unsafe fn decode_inputs<'a>(
     op: &OpDef,
     args: &sys::XLA_FFI_Args,
@@ -109,6 +116,7 @@ pub(crate) unsafe fn decode_inputs<'a>(
             out.push(None);
             continue;
         }
+        // SAFETY: i < args.size, the length of `types` and `args` (this function's contract).
         let ty = unsafe { *args.types.add(i) };
         if ty != sys::XLA_FFI_ArgType_XLA_FFI_ArgType_BUFFER {
             return Err(Error::invalid(format!(
@@ -116,6 +124,7 @@ pub(crate) unsafe fn decode_inputs<'a>(
                 arg.name
             )));
         }
+        // SAFETY: as above; the entry of a BUFFER-typed operand is null or a buffer descriptor.
         let b = unsafe { decode_buffer(*args.args.add(i), || format!("operand `{}`", arg.name))? };
         let dtype = dtype_from_xla(b.xla_dtype).ok_or_else(|| {
             Error::invalid(format!(

@@ -12,7 +12,9 @@ struct FakeError(u32, String);
 unsafe extern "C" fn fake_error_create(
     args: *mut sys::XLA_FFI_Error_Create_Args,
 ) -> *mut sys::XLA_FFI_Error {
+    // SAFETY: the adapter calls `XLA_FFI_Error_Create` with a valid argument struct.
     let a = unsafe { &*args };
+    // SAFETY: its `message` is a NUL-terminated string alive across the call.
     let msg = unsafe { CStr::from_ptr(a.message) }
         .to_string_lossy()
         .into_owned();
@@ -37,6 +39,8 @@ fn take_error(e: *mut sys::XLA_FFI_Error) -> Option<(u32, String)> {
     if e.is_null() {
         None
     } else {
+        // SAFETY: in these tests every error comes from `fake_error_create` (the only error
+        // constructor of `fake_api`), a leaked `Box<FakeError>`, and each is taken once.
         let b = unsafe { Box::from_raw(e as *mut FakeError) };
         Some((b.0, b.1))
     }
@@ -49,6 +53,7 @@ struct Buf {
 
 fn buffer(dtype: sys::XLA_FFI_DataType, dims: &[i64], data: *mut c_void) -> Box<Buf> {
     let mut b = Box::new(Buf {
+        // SAFETY: every field of `XLA_FFI_Buffer` is an integer or a raw pointer; zero is valid.
         buf: unsafe { std::mem::zeroed() },
         _dims: dims.to_vec(),
     });
@@ -161,6 +166,9 @@ fn call(
         },
         future: null_mut(),
     };
+    // SAFETY: `frame` is a complete call frame: every array holds `size` entries, each entry
+    // points to a value of the declared type, and all of it (buffers, dims, attribute
+    // storage, `api`) outlives the call.
     take_error(unsafe { handler(&mut frame) })
 }
 
@@ -189,6 +197,7 @@ fn every_registry_op_has_an_exported_handler() {
 #[test]
 fn metadata_query_reports_api_version_and_traits() {
     let api = fake_api(polyop_xla::API_MAJOR, polyop_xla::API_MINOR);
+    // SAFETY: every field is an integer, a raw pointer or a struct of those; zero is valid.
     let mut md: sys::XLA_FFI_Metadata = unsafe { std::mem::zeroed() };
     md.struct_size = sys::XLA_FFI_Metadata_STRUCT_SIZE as usize;
     md.traits = 0xdead;
@@ -200,10 +209,13 @@ fn metadata_query_reports_api_version_and_traits() {
         },
         metadata: &mut md,
     };
+    // SAFETY: as for `md` (null arrays with size 0).
     let mut frame: sys::XLA_FFI_CallFrame = unsafe { std::mem::zeroed() };
     frame.struct_size = sys::XLA_FFI_CallFrame_STRUCT_SIZE as usize;
     frame.api = &api;
     frame.extension_start = &mut ext.extension_base;
+    // SAFETY: a metadata-query frame: the extension chain (`ext`, `md`) and `api` outlive the
+    // call, and the handler reads nothing else of a metadata query.
     let e = take_error(unsafe { xla_handlers::topk(&mut frame) });
     assert!(e.is_none(), "{e:?}");
     assert_eq!(md.api_version.major_version, sys::XLA_FFI_API_MAJOR as i32);
