@@ -34,12 +34,13 @@ impl NodeAttrs {
 impl AttrSource for NodeAttrs {
     fn get(&mut self, name: &str, ty: &ArgType) -> Result<Option<AttrValue>> {
         let ctx = self.0;
-        // SAFETY (every call below): `ctx` is the live construction context of this kernel,
-        // names are NUL-terminated, and out-buffers have the sizes TF reported.
         let (list, total) = match ty {
             ArgType::Str | ArgType::IntList | ArgType::FloatList => {
                 self.read(name, "the size of ", |n, st| {
                     let (mut list, mut total) = (0i32, 0i32);
+                    // SAFETY: `ctx` is the live construction context of this kernel (see
+                    // `read_attrs`); `read` passes a NUL-terminated name and a live status; the
+                    // out-pointers are writable locals.
                     unsafe {
                         TF_OpKernelConstruction_GetAttrSize(ctx, n, &mut list, &mut total, st)
                     };
@@ -48,6 +49,9 @@ impl AttrSource for NodeAttrs {
             }
             _ => (0, 0),
         };
+        // SAFETY: as above; each out-buffer has room for what it is declared to hold: one
+        // scalar, `total + 1` bytes for a string of `total` bytes, `list` list elements (the
+        // sizes TF reported for this attribute above).
         self.read(name, "", |n, st| unsafe {
             Some(match ty {
                 ArgType::Int => {
@@ -106,6 +110,9 @@ impl AttrSource for NodeAttrs {
 }
 
 /// Read the op's attributes from the node and bind them.
+///
+/// # Safety
+/// `ctx` is the context of a running kernel construction.
 pub(crate) unsafe fn read_attrs(
     op: &'static OpDef,
     ctx: *mut TF_OpKernelConstruction,

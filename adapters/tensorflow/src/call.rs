@@ -20,6 +20,9 @@ pub struct KernelState {
 }
 
 /// One compute call.
+///
+/// # Safety
+/// `ctx` is the context of a running compute call of `st`'s kernel.
 pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<()> {
     // SAFETY: `ctx` is the live context of this compute call.
     let n = unsafe { TF_NumInputs(ctx) } as usize;
@@ -47,8 +50,9 @@ pub unsafe fn compute(st: &KernelState, ctx: *mut TF_OpKernelContext) -> Result<
     let views = st
         .present
         .iter()
-        // SAFETY: each handle is a live input tensor of this call.
         .map(|&p| {
+            // SAFETY: each handle is a live input tensor of this call (owned by `ins`, which
+            // outlives the views); the views are used only within this call.
             p.then(|| unsafe { input_view(*flat.next().expect("counted")) })
                 .transpose()
         })
@@ -66,11 +70,14 @@ pub unsafe extern "C" fn compute_tramp(state: *mut c_void, ctx: *mut TF_OpKernel
     }
     // SAFETY: created by create_tramp as a Box<KernelState>.
     let st = unsafe { &*(state as *const KernelState) };
+    // SAFETY: TF calls the compute function with the context of this compute call.
     let r = catch_panic(st.op.name, || unsafe { compute(st, ctx) });
     if let Err(e) = r {
         let e = e.in_op(st.op.name);
         let s = Status::new();
+        // SAFETY: `s` is a live status owned here.
         unsafe { report(s.0, &e) };
+        // SAFETY: `ctx` is live; TF copies the status.
         unsafe { TF_OpKernelContext_Failure(ctx, s.0) };
     }
 }
@@ -83,20 +90,31 @@ pub unsafe extern "C" fn delete_tramp(state: *mut c_void) {
 }
 
 /// Kernel construction for the op in slot `slot`.
+///
+/// # Safety
+/// `ctx` is the context of a running kernel construction.
 pub unsafe fn create(slot: usize, ctx: *mut TF_OpKernelConstruction) -> *mut c_void {
     let Some(op) = crate::register::op_at(slot) else {
         let s = Status::new();
-        unsafe { set_status(s.0, TF_INTERNAL, "polyop: kernel slot without an op") };
-        unsafe { TF_OpKernelConstruction_Failure(ctx, s.0) };
+        // SAFETY: `s` is a live status owned here; `ctx` is live (this function's contract)
+        // and TF copies the status.
+        unsafe {
+            set_status(s.0, TF_INTERNAL, "polyop: kernel slot without an op");
+            TF_OpKernelConstruction_Failure(ctx, s.0);
+        }
         return std::ptr::null_mut();
     };
+    // SAFETY: `ctx` is live (this function's contract).
     match catch_panic(op.name, || unsafe { read_attrs(op, ctx) }) {
         Ok(st) => Box::into_raw(Box::new(st)) as *mut c_void,
         Err(e) => {
             let e = e.in_op(op.name);
             let s = Status::new();
-            unsafe { report(s.0, &e) };
-            unsafe { TF_OpKernelConstruction_Failure(ctx, s.0) };
+            // SAFETY: as above.
+            unsafe {
+                report(s.0, &e);
+                TF_OpKernelConstruction_Failure(ctx, s.0);
+            }
             std::ptr::null_mut()
         }
     }

@@ -187,6 +187,7 @@ unsafe extern "C" fn shape_tramp<const I: usize>(
     status: *mut TF_Status,
 ) {
     let Some(op) = op_at(I) else {
+        // SAFETY: `status` is the live status TF passed to this shape function.
         unsafe {
             set_status(
                 status,
@@ -196,10 +197,12 @@ unsafe extern "C" fn shape_tramp<const I: usize>(
         };
         return;
     };
+    // SAFETY: `ctx` and `status` are the arguments TF passed to this shape function.
     let r = catch_panic(op.name, || unsafe {
         crate::shape::shape_fn(op, ctx, status)
     });
     if let Err(e) = r {
+        // SAFETY: as above.
         unsafe { set_status(status, status_code(e.kind), &e.to_string()) };
     }
 }
@@ -207,6 +210,7 @@ unsafe extern "C" fn shape_tramp<const I: usize>(
 unsafe extern "C" fn create_tramp<const I: usize>(
     ctx: *mut TF_OpKernelConstruction,
 ) -> *mut c_void {
+    // SAFETY: TF calls the create function with the context of a running construction.
     unsafe { crate::call::create(I, ctx) }
 }
 
@@ -215,27 +219,43 @@ fn cstr(s: &str) -> CString {
 }
 
 /// Register one op with TF: op definition + shape function + CPU kernel.
+///
+/// # Safety
+/// TensorFlow's framework library is loaded (it is linked), and `slot` is `op`'s slot in
+/// `OPS`, below `SLOTS`.
 unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(), String> {
     let spec = tf_op_spec_with_prefix(prefix, op).map_err(|e| e.to_string())?;
     let name = cstr(&spec.op_type);
+    // SAFETY: `name` is NUL-terminated (TF copies it); the builder is owned here until
+    // `TF_RegisterOpDefinition` below.
     let b = unsafe { TF_NewOpDefinitionBuilder(name.as_ptr()) };
     for a in &spec.attrs {
+        // SAFETY: `b` is the live builder; the temporary C string lives through the call and
+        // TF copies it (so for the two loops below).
         unsafe { TF_OpDefinitionBuilderAddAttr(b, cstr(a).as_ptr()) };
     }
     for i in &spec.inputs {
+        // SAFETY: as above.
         unsafe { TF_OpDefinitionBuilderAddInput(b, cstr(i).as_ptr()) };
     }
     for o in &spec.outputs {
+        // SAFETY: as above.
         unsafe { TF_OpDefinitionBuilderAddOutput(b, cstr(o).as_ptr()) };
     }
+    // SAFETY: `b` is the live builder; `SHAPE_FNS[slot]` reads slot `slot` of `OPS`, which
+    // holds `op` (this function's contract), so TF's later calls run `op`'s shape function.
     unsafe { TF_OpDefinitionBuilderSetShapeInferenceFunction(b, SHAPE_FNS[slot]) };
     let st = Status::new();
     // Takes ownership of (and deletes) the builder.
+    // SAFETY: `b` is live and not used after this call; `st` is a live status.
     unsafe { TF_RegisterOpDefinition(b, st.0) };
     if !st.ok() {
         return Err(format!("op definition {:?}: {}", spec, st.message()));
     }
     let cpu = cstr("CPU");
+    // SAFETY: NUL-terminated names (TF copies them); `CREATE_FNS[slot]` creates kernels for
+    // slot `slot`, `op`'s; the callbacks are this crate's `extern "C"` functions, which catch
+    // panics.
     let kb = unsafe {
         TF_NewKernelBuilder(
             name.as_ptr(),
@@ -248,6 +268,8 @@ unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(
     let kname = cstr(&format!("{}Cpu", spec.op_type));
     let st = Status::new();
     // Takes ownership of the kernel builder.
+    // SAFETY: `kname` is NUL-terminated; `kb` is the live builder, not used after this call;
+    // `st` is a live status.
     unsafe { TF_RegisterKernelBuilder(kname.as_ptr(), kb, st.0) };
     if !st.ok() {
         return Err(format!("kernel for {}: {}", spec.op_type, st.message()));

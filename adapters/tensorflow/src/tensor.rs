@@ -43,14 +43,22 @@ impl Drop for Tensors {
     }
 }
 
+/// A view of an input tensor.
+///
+/// # Safety
+/// `t` is a live tensor handle; the view lives no longer than its buffer.
 pub(crate) unsafe fn input_view<'a>(t: *mut TF_Tensor) -> Result<TensorRef<'a>> {
+    // SAFETY: `t` is live (this function's contract), as in every call below.
     let tf_dtype = unsafe { TF_TensorType(t) };
     let dtype = dtype_from_tf(tf_dtype)
         .ok_or_else(|| Error::invalid(format!("unsupported TF dtype code {tf_dtype}")))?;
+    // SAFETY: as above.
     let rank = unsafe { TF_NumDims(t) };
     let shape: Vec<usize> = (0..rank)
+        // SAFETY: as above; 0 <= d < rank, and a tensor's dims are >= 0.
         .map(|d| unsafe { TF_Dim(t, d) } as usize)
         .collect();
+    // SAFETY: as above.
     let ptr = unsafe { TF_TensorData(t) } as *const u8;
     let strides = contiguous_strides(&shape);
     // SAFETY: TF tensors are dense row-major buffers of `shape`, alive for the compute call.
