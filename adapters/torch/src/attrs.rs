@@ -8,14 +8,20 @@ use kernel_core::{AttrValue, Error, OpDef, Result};
 
 /// Take ownership of every argument on the stack (so each is released whatever happens next),
 /// turning tensors into owning handles and attributes into [`AttrValue`]s.
-pub(crate) fn decode(op: &'static OpDef, stack: *mut StableIValue) -> Result<DecodedArgs> {
+///
+/// # Safety
+/// `stack` is torch's boxed stack for `op`: at least `op.schema.args.len()` entries, each
+/// encoding an argument of the schema's type, owned by the callee; none is read again.
+pub(crate) unsafe fn decode(op: &'static OpDef, stack: *mut StableIValue) -> Result<DecodedArgs> {
     let mut tensors = Vec::new();
     let mut attrs = Vec::new();
     let mut first_err = None;
     for (i, arg) in op.schema.args.iter().enumerate() {
         // SAFETY: torch passes a stack of at least num_args entries (checked by the caller).
         let v = unsafe { *stack.add(i) };
-        let r = decode_one(&arg.ty, v);
+        // SAFETY: `v` is argument `i`, of type `arg.ty`, owned by us (this function's
+        // contract) and decoded once.
+        let r = unsafe { decode_one(&arg.ty, v) };
         match r {
             Ok(Decoded::Tensor(t)) => tensors.push(t),
             Ok(Decoded::Attr(a)) => attrs.push((arg.name.as_str(), a)),
@@ -41,7 +47,13 @@ pub(crate) enum Decoded {
     Attr(AttrValue),
 }
 
-pub(crate) fn decode_one(ty: &ArgType, v: StableIValue) -> Result<Decoded> {
+/// Take ownership of one stack entry.
+///
+/// # Safety
+/// `v` is a StableIValue holding a value of type `ty` (a tensor handle, null or a heap
+/// StableIValue for an optional tensor, a string or list handle, or a scalar), owned by the
+/// caller and given up to this function.
+pub(crate) unsafe fn decode_one(ty: &ArgType, v: StableIValue) -> Result<Decoded> {
     Ok(match ty {
         ArgType::Tensor => Decoded::Tensor(Some(Tensor(v as usize as AtenTensorHandle))),
         ArgType::OptionalTensor => {
@@ -53,6 +65,8 @@ pub(crate) fn decode_one(ty: &ArgType, v: StableIValue) -> Result<Decoded> {
                 let inner = unsafe { *p };
                 let t = Tensor(inner as usize as AtenTensorHandle);
                 check(
+                    // SAFETY: `p` is the heap StableIValue read above, owned here and released
+                    // once; its tensor handle now belongs to `t`.
                     unsafe { ffi::torch_delete_stable_ivalue(p) },
                     "delete_stable_ivalue",
                 )?;

@@ -41,7 +41,11 @@ impl OpState {
 
 /// Run `op` on a boxed stack. On success the first `num_outputs` stack entries hold owning
 /// output handles; on error nothing was written and every input has been released.
-pub(crate) fn call(
+///
+/// # Safety
+/// `stack` is torch's boxed stack for `st.op`, of `max(num_args, num_outputs)` entries, the
+/// arguments owned by the callee.
+pub(crate) unsafe fn call(
     st: &OpState,
     stack: *mut StableIValue,
     num_args: u64,
@@ -55,7 +59,8 @@ pub(crate) fn call(
             op.schema
         )));
     }
-    let (inputs, given) = decode(op, stack)?;
+    // SAFETY: this function's contract; `num_args` was just checked against the schema.
+    let (inputs, given) = unsafe { decode(op, stack)? };
     let site = st.sites.get_or_bind(
         |key| {
             given.iter().for_each(|(_, v)| v.write_key(key));

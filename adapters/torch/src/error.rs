@@ -26,7 +26,11 @@ pub unsafe extern "C" fn polyop_torch_boxed_call(
         slots.get(slot as usize).copied()
     };
     let result = match op {
-        Some(st) => catch_panic(st.op.name, || call::call(st, stack, num_args, num_outputs)),
+        // SAFETY: this function's contract; `st` is the op registered in `slot`, the one whose
+        // trampoline torch called.
+        Some(st) => catch_panic(st.op.name, || unsafe {
+            call::call(st, stack, num_args, num_outputs)
+        }),
         None => Err(Error::internal(format!("no op registered in slot {slot}"))),
     };
     match result {

@@ -150,8 +150,9 @@ pub fn register_registry(
         let f = unsafe { ffi::polyop_torch_slot(slot) }
             .ok_or_else(|| format!("no trampoline for slot {slot}"))?;
         for (lib, key) in [(cpu_lib, "CPU"), (meta_lib, "Meta")] {
-            // SAFETY: valid library handle, name and boxed function.
             ok(
+                // SAFETY: `lib` is a live library handle created above, `name` a NUL-terminated
+                // string alive across the call, `f` the trampoline of this op's slot.
                 unsafe { ffi::torch_library_impl(lib, name.as_ptr(), f, version) },
                 || format!("registering the {key} kernel of `{ns}::{}`", op.name),
             )?;

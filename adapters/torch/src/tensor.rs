@@ -28,8 +28,8 @@ impl Tensor {
     /// A new owning handle to the same tensor.
     pub(crate) fn share(&self) -> Result<Tensor> {
         let mut h = std::ptr::null_mut();
-        // SAFETY: self.0 is a valid handle.
         check(
+            // SAFETY: `self.0` is a live handle owned by `self`; `h` a writable local.
             unsafe { ffi::aoti_torch_new_tensor_handle(self.0, &mut h) },
             "new_tensor_handle",
         )?;
@@ -176,8 +176,9 @@ pub(crate) fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>
     };
     let mut ptr = std::ptr::null_mut();
     if dev == c.cpu {
-        // SAFETY: valid handle; data_ptr already includes the storage offset.
         check(
+            // SAFETY: `h` is the live handle of `t`; `ptr` a writable local. The data pointer
+            // already includes the storage offset.
             unsafe { ffi::aoti_torch_get_data_ptr(h, &mut ptr) },
             "get_data_ptr",
         )?;
@@ -213,8 +214,9 @@ pub(crate) fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result
         (&heap_sz, &heap_st)
     };
     let mut h = std::ptr::null_mut();
-    // SAFETY: arrays of length ndim; out-parameter.
     check(
+        // SAFETY: `sizes` and `strides` both have the `sizes.len()` entries passed as ndim;
+        // `h` is a writable local that receives a new owning handle.
         unsafe {
             ffi::aoti_torch_empty_strided(
                 sizes.len() as i64,
@@ -233,8 +235,8 @@ pub(crate) fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result
 
 pub(crate) fn data_ptr(t: &Tensor) -> Result<*mut u8> {
     let mut p = std::ptr::null_mut();
-    // SAFETY: valid handle.
     check(
+        // SAFETY: `t.0` is a live handle owned by `t`; `p` a writable local.
         unsafe { ffi::aoti_torch_get_data_ptr(t.0, &mut p) },
         "get_data_ptr",
     )?;
