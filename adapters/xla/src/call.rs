@@ -95,15 +95,18 @@ unsafe fn handle_inner(
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> Result<()> {
     // SAFETY: `frame` is a non-null call frame from XLA, live for this call (`handle_with`'s
-    // contract, checked non-null there).
-    let f = unsafe { &*frame };
-    if f.struct_size < sys::XLA_FFI_CallFrame_STRUCT_SIZE as usize {
+    // contract, checked non-null there); `struct_size` leads it in every version and is read
+    // through the raw pointer, before any reference to a whole frame exists.
+    let size = unsafe { (*frame).struct_size };
+    if size < sys::XLA_FFI_CallFrame_STRUCT_SIZE as usize {
         return Err(Error::unsupported(format!(
             "XLA_FFI_CallFrame is {} bytes, expected at least {} (built against jaxlib {PINNED_JAXLIB}); FFI version skew",
-            f.struct_size,
+            size,
             sys::XLA_FFI_CallFrame_STRUCT_SIZE
         )));
     }
+    // SAFETY: as above, and the frame is at least as large as our `XLA_FFI_CallFrame`.
+    let f = unsafe { &*frame };
     // Metadata query first: XLA uses our answer to check compatibility itself.
     // SAFETY: `f` is a live call frame whose extension chain XLA built.
     if unsafe { populate_metadata(f)? } {

@@ -24,11 +24,13 @@ pub unsafe fn check_api(api: *const sys::XLA_FFI_Api) -> Result<()> {
     if api.is_null() {
         return Err(Error::internal("call frame has no XLA_FFI_Api"));
     }
-    // SAFETY: non-null, and by this function's contract an API table. Only `api_version` and
-    // `struct_size` are read before the size check below; both lead the struct in every
-    // version.
-    let a = unsafe { &*api };
-    let (major, minor) = (a.api_version.major_version, a.api_version.minor_version);
+    // SAFETY: non-null, and by this function's contract an API table. `struct_size` and
+    // `api_version` lead the struct in every version; they are read through the raw pointer,
+    // so no reference to a whole (possibly older, shorter) table is made.
+    let (size, major, minor) = unsafe {
+        let v = &(*api).api_version;
+        ((*api).struct_size, v.major_version, v.minor_version)
+    };
     if major != API_MAJOR || minor < API_MINOR {
         return Err(Error::unsupported(format!(
             "XLA FFI API version mismatch: the runtime provides {major}.{minor}, libpolyop_xla was \
@@ -36,10 +38,10 @@ pub unsafe fn check_api(api: *const sys::XLA_FFI_Api) -> Result<()> {
              against the installed jaxlib (adapters/xla/scripts/regen-bindings.sh)"
         )));
     }
-    if a.struct_size < sys::XLA_FFI_Api_STRUCT_SIZE as usize {
+    if size < sys::XLA_FFI_Api_STRUCT_SIZE as usize {
         return Err(Error::unsupported(format!(
             "XLA_FFI_Api is {} bytes, expected at least {} (jaxlib {PINNED_JAXLIB}); version skew",
-            a.struct_size,
+            size,
             sys::XLA_FFI_Api_STRUCT_SIZE
         )));
     }
@@ -72,27 +74,35 @@ pub(crate) unsafe fn populate_metadata(frame: &sys::XLA_FFI_CallFrame) -> Result
     if me.metadata.is_null() {
         return Err(Error::internal("metadata query without a metadata struct"));
     }
+    // The runtime's struct may be shorter than ours (an older runtime's ends before
+    // `state_type_id`), so it is accessed field by field through the raw pointer, never as a
+    // reference to a whole `XLA_FFI_Metadata`.
+    let md = me.metadata;
     // SAFETY: non-null, the metadata struct XLA passed for us to fill, not otherwise accessed
-    // during this call.
-    let md = unsafe { &mut *me.metadata };
-    if md.struct_size < sys::XLA_FFI_Metadata_STRUCT_SIZE as usize {
+    // during this call; `struct_size` leads it in every version.
+    let size = unsafe { (*md).struct_size };
+    if size < sys::XLA_FFI_Metadata_STRUCT_SIZE as usize {
         return Err(Error::internal(format!(
             "XLA_FFI_Metadata is {} bytes, expected at least {}; version skew",
-            md.struct_size,
+            size,
             sys::XLA_FFI_Metadata_STRUCT_SIZE
         )));
     }
-    md.api_version = sys::XLA_FFI_Api_Version {
-        struct_size: sys::XLA_FFI_Api_Version_STRUCT_SIZE as usize,
-        extension_start: std::ptr::null_mut(),
-        major_version: API_MAJOR,
-        minor_version: API_MINOR,
-    };
-    md.traits = TRAITS;
-    // The state type id (no state) lies past the struct size of older runtimes: write it only
-    // when the runtime's struct has room.
-    if md.struct_size >= std::mem::size_of::<sys::XLA_FFI_Metadata>() {
-        md.state_type_id = sys::XLA_FFI_TypeId { type_id: 0 };
+    // SAFETY: as above; `api_version` and `traits` lie within `XLA_FFI_Metadata_STRUCT_SIZE`
+    // (checked), and `state_type_id` is written only when the runtime's struct has room. The
+    // fields are plain data, so assigning through the pointer drops nothing.
+    unsafe {
+        (*md).api_version = sys::XLA_FFI_Api_Version {
+            struct_size: sys::XLA_FFI_Api_Version_STRUCT_SIZE as usize,
+            extension_start: std::ptr::null_mut(),
+            major_version: API_MAJOR,
+            minor_version: API_MINOR,
+        };
+        (*md).traits = TRAITS;
+        // The state type id (no state) lies past the struct size of older runtimes.
+        if size >= std::mem::size_of::<sys::XLA_FFI_Metadata>() {
+            (*md).state_type_id = sys::XLA_FFI_TypeId { type_id: 0 };
+        }
     }
     Ok(true)
 }

@@ -57,16 +57,21 @@ pub(crate) unsafe fn decode_buffer(
     if p.is_null() {
         return Err(Error::internal(format!("{}: null buffer", what())));
     }
-    // SAFETY: non-null, so a buffer descriptor (this function's contract).
-    let b = unsafe { &*(p as *const sys::XLA_FFI_Buffer) };
-    if b.struct_size < sys::XLA_FFI_Buffer_STRUCT_SIZE as usize {
+    let p = p as *const sys::XLA_FFI_Buffer;
+    // SAFETY: non-null, so a buffer descriptor (this function's contract); `struct_size`
+    // leads it in every version and is read through the raw pointer, before any reference to
+    // a whole descriptor exists.
+    let size = unsafe { (*p).struct_size };
+    if size < sys::XLA_FFI_Buffer_STRUCT_SIZE as usize {
         return Err(Error::internal(format!(
             "{}: XLA_FFI_Buffer size {} < {} (FFI version skew)",
             what(),
-            b.struct_size,
+            size,
             sys::XLA_FFI_Buffer_STRUCT_SIZE
         )));
     }
+    // SAFETY: as above, and the descriptor is at least as large as our `XLA_FFI_Buffer`.
+    let b = unsafe { &*p };
     if b.rank < 0 {
         return Err(Error::internal(format!("{}: negative rank", what())));
     }
