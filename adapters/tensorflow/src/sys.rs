@@ -14,7 +14,8 @@ use std::os::raw::{c_char, c_uchar, c_void};
     non_camel_case_types,
     non_snake_case,
     dead_code,
-    clippy::all
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
 mod bindings;
 pub use bindings::*;

@@ -12,7 +12,8 @@ use std::ffi::{c_char, c_void};
     non_camel_case_types,
     non_snake_case,
     dead_code,
-    clippy::all
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
 mod bindings;
 pub use bindings::*;

@@ -26,7 +26,8 @@ mod register;
     non_camel_case_types,
     non_snake_case,
     dead_code,
-    clippy::all
+    clippy::all,
+    clippy::undocumented_unsafe_blocks
 )]
 pub mod sys;
 mod tensor;
