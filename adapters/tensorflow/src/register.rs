@@ -244,7 +244,7 @@ unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(
     }
     // SAFETY: `b` is the live builder; `SHAPE_FNS[slot]` reads slot `slot` of `OPS`, which
     // holds `op` (this function's contract), so TF's later calls run `op`'s shape function.
-    unsafe { TF_OpDefinitionBuilderSetShapeInferenceFunction(b, SHAPE_FNS[slot]) };
+    unsafe { TF_OpDefinitionBuilderSetShapeInferenceFunction(b, Some(SHAPE_FNS[slot])) };
     let st = Status::new();
     // Takes ownership of (and deletes) the builder.
     // SAFETY: `b` is live and not used after this call; `st` is a live status.
@@ -260,9 +260,9 @@ unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(
         TF_NewKernelBuilder(
             name.as_ptr(),
             cpu.as_ptr(),
-            CREATE_FNS[slot],
-            crate::call::compute_tramp,
-            crate::call::delete_tramp,
+            Some(CREATE_FNS[slot]),
+            Some(crate::call::compute_tramp),
+            Some(crate::call::delete_tramp),
         )
     };
     let kname = cstr(&format!("{}Cpu", spec.op_type));

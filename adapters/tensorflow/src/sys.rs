@@ -7,7 +7,7 @@
 
 #![allow(non_camel_case_types, non_snake_case)]
 
-use std::os::raw::{c_char, c_uchar, c_void};
+use std::os::raw::{c_uchar, c_void};
 
 #[allow(
     non_upper_case_globals,
@@ -32,41 +32,6 @@ pub const TF_INTERNAL: TF_Code = TSL_INTERNAL;
 // The callback parameter types of the registration calls, unnamed in the headers.
 pub type ShapeFn = unsafe extern "C" fn(*mut TF_ShapeInferenceContext, *mut TF_Status);
 pub type CreateFn = unsafe extern "C" fn(*mut TF_OpKernelConstruction) -> *mut c_void;
-pub type ComputeFn = unsafe extern "C" fn(*mut c_void, *mut TF_OpKernelContext);
-pub type DeleteFn = unsafe extern "C" fn(*mut c_void);
-
-/// `bindings::TF_OpDefinitionBuilderSetShapeInferenceFunction` with a non-null function.
-/// # Safety
-/// `b` must be a live op definition builder.
-pub unsafe fn TF_OpDefinitionBuilderSetShapeInferenceFunction(
-    b: *mut TF_OpDefinitionBuilder,
-    f: ShapeFn,
-) {
-    // SAFETY: this function's contract.
-    unsafe { bindings::TF_OpDefinitionBuilderSetShapeInferenceFunction(b, Some(f)) }
-}
-
-/// `bindings::TF_NewKernelBuilder` with non-null functions.
-/// # Safety
-/// `op_name` and `device_name` must be NUL-terminated strings.
-pub unsafe fn TF_NewKernelBuilder(
-    op_name: *const c_char,
-    device_name: *const c_char,
-    create: CreateFn,
-    compute: ComputeFn,
-    delete: DeleteFn,
-) -> *mut TF_KernelBuilder {
-    // SAFETY: this function's contract.
-    unsafe {
-        bindings::TF_NewKernelBuilder(
-            op_name,
-            device_name,
-            Some(create),
-            Some(compute),
-            Some(delete),
-        )
-    }
-}
 
 /// An owned `TF_Status`.
 pub struct Status(pub *mut TF_Status);

@@ -41,7 +41,7 @@ impl ThreadPool for TorchPool {
                 0,
                 num_tasks as i64,
                 1,
-                run_range,
+                Some(run_range),
                 &job as *const Job as *mut c_void,
             )
         };

@@ -153,7 +153,7 @@ pub fn register_registry(
             ok(
                 // SAFETY: `lib` is a live library handle created above, `name` a NUL-terminated
                 // string alive across the call, `f` the trampoline of this op's slot.
-                unsafe { ffi::torch_library_impl(lib, name.as_ptr(), f, version) },
+                unsafe { ffi::torch_library_impl(lib, name.as_ptr(), Some(f), version) },
                 || format!("registering the {key} kernel of `{ns}::{}`", op.name),
             )?;
         }

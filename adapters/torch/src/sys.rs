@@ -5,7 +5,7 @@
 //! trampoline layer (`cxx/trampoline.cpp`) and `last_error`. Symbols resolve from
 //! `libtorch_cpu.so`.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 
 #[allow(
     non_upper_case_globals,
@@ -23,33 +23,6 @@ pub type BoxedFn = unsafe extern "C" fn(*mut StableIValue, u64, u64);
 
 /// `AOTITorchError` of a successful call (the `AOTI_TORCH_SUCCESS` macro; bindgen types it u32).
 pub const SUCCESS: AOTITorchError = AOTI_TORCH_SUCCESS as AOTITorchError;
-
-/// `bindings::torch_library_impl` with a non-null function.
-/// # Safety
-/// `lib` must be a live library handle and `name` a NUL-terminated string.
-pub unsafe fn torch_library_impl(
-    lib: TorchLibraryHandle,
-    name: *const c_char,
-    f: BoxedFn,
-    extension_build_version: u64,
-) -> AOTITorchError {
-    // SAFETY: this function's contract.
-    unsafe { bindings::torch_library_impl(lib, name, Some(f), extension_build_version) }
-}
-
-/// `bindings::torch_parallel_for` with a non-null function.
-/// # Safety
-/// `f` must be safe to call on any subrange of `begin..end` with `ctx`, from any thread.
-pub unsafe fn torch_parallel_for(
-    begin: i64,
-    end: i64,
-    grain_size: i64,
-    f: unsafe extern "C" fn(i64, i64, *mut c_void),
-    ctx: *mut c_void,
-) -> AOTITorchError {
-    // SAFETY: this function's contract.
-    unsafe { bindings::torch_parallel_for(begin, end, grain_size, Some(f), ctx) }
-}
 
 // The C++ trampoline layer (cxx/trampoline.cpp).
 extern "C" {
