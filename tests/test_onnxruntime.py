@@ -425,7 +425,14 @@ x32 = np.ones((2, 4), np.float32)
 BAD = [
     # (id, op_type, inputs, attrs, problem)
     ("wrong dtype", "Gelu", [("x", np.ones(3, np.int32))], {}, "unsupported dtype int32"),
-    ("unsupported onnx dtype", "Negate", [("x", np.ones(3, np.uint8))], {}, "unsupported dtype uint8"),
+    # the supported list is the op's own (negate: numeric; no bool, which no op takes)
+    (
+        "unsupported onnx dtype",
+        "Negate",
+        [("x", np.ones(3, np.uint8))],
+        {},
+        "unsupported dtype uint8 for input `x` (supported: float16, bfloat16, float32, float64, int32, int64)",
+    ),
     ("dtype mismatch", "Add", [("x", x32), ("y", x32.astype(np.float64))], {}, "dtype mismatch"),
     ("bad broadcast", "Add", [("x", np.ones(2, np.float32)), ("y", np.ones(3, np.float32))], {}, "cannot be broadcast"),
     ("axis out of range", "Softmax", [("x", x32)], {"axis": 2}, "axis 2 is out of range"),
@@ -433,6 +440,8 @@ BAD = [
     ("negative k", "TopK", [("x", x32)], {"k": -1}, "k=-1 must be >= 0"),
     ("missing k", "TopK", [("x", x32)], {}, "missing required attribute `k`"),
     ("bad approximate", "Gelu", [("x", x32)], {"approximate": "fast"}, 'approximate must be "none" or "tanh", got "fast"'),
+    # an embedded NUL is part of the value, not the end of it (it used to be cut off: "tanh")
+    ("NUL in a string attribute", "Gelu", [("x", x32)], {"approximate": b"tanh\x00x"}, 'approximate must be "none" or "tanh", got "tanh\\0x"'),
     ("wrong attribute type", "Gelu", [("x", x32)], {"approximate": 1}, "`approximate` must be str"),
     ("bool out of range", "TopK", [("x", x32)], {"k": 1, "largest": 2}, "`largest` must be bool"),
     ("wrong weight shape", "RmsNorm", [("x", x32), ("w", np.ones(3, np.float32))], {}, "weight must have shape [4]"),

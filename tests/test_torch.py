@@ -329,6 +329,11 @@ def test_relu_inplace():
 BAD_INPUTS = [
     ("gelu", lambda: ops.gelu(torch.tensor([1, 2], dtype=torch.int32)), "unsupported dtype int32"),
     ("negate", lambda: ops.negate(torch.tensor([1], dtype=torch.uint8)), "unsupported dtype uint8"),
+    # torch's unsigned and float8 dtypes by name (they used to read "<torch dtype code 27>")
+    ("negate", lambda: ops.negate(torch.tensor([1], dtype=torch.uint16)), "unsupported dtype uint16 for input `x`"),
+    ("negate", lambda: ops.negate(torch.tensor([1], dtype=torch.uint32)), "unsupported dtype uint32 for input `x`"),
+    ("negate", lambda: ops.negate(torch.tensor([1], dtype=torch.uint64)), "unsupported dtype uint64 for input `x`"),
+    ("relu", lambda: ops.relu(torch.ones(1).to(torch.float8_e4m3fn)), "unsupported dtype float8_e4m3fn for input `x`"),
     ("add", lambda: ops.add(torch.ones(2), torch.ones(2, dtype=torch.float64)), "dtype mismatch"),
     ("add", lambda: ops.add(torch.ones(3), torch.ones(4)), "shapes [3] and [4] cannot be broadcast"),
     ("softmax", lambda: ops.softmax(torch.ones(2, 3), axis=2), "out of range"),

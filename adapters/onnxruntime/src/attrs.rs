@@ -5,7 +5,7 @@
 //! wrong-typed attribute reaches binding (and its "must be int, got float" error) instead of
 //! being ignored.
 
-use crate::sys::Api;
+use crate::sys::{string_from_buf, Api};
 use kernel_core::{widen_f32_attr, ArgType, AttrSource, AttrValue, Attrs, OpDef, Result};
 use ort_sys::{OrtKernelInfo, OrtOpAttr, OrtOpAttrType as A, OrtShapeInferContext};
 use std::ffi::CString;
@@ -100,11 +100,7 @@ impl Reader for ShapeCtx {
     fn string(&self, n: &CString) -> Option<String> {
         // ReadOpAttr(STRING) succeeds on any attribute (an int attribute reads as ""), which
         // is why strings are tried last for non-string attributes.
-        let mut b = self.bytes(n, A::ORT_OP_ATTR_STRING)?;
-        if let Some(p) = b.iter().position(|&c| c == 0) {
-            b.truncate(p);
-        }
-        Some(String::from_utf8_lossy(&b).into_owned())
+        Some(string_from_buf(self.bytes(n, A::ORT_OP_ATTR_STRING)?))
     }
     fn ints(&self, n: &CString) -> Option<Vec<i64>> {
         let b = self.bytes(n, A::ORT_OP_ATTR_INTS)?;

@@ -57,7 +57,7 @@ impl Api {
     }
 
     pub fn status_msg(&self, code: OrtErrorCode, msg: &str) -> *mut OrtStatus {
-        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
         // SAFETY: CreateStatus copies the message.
         unsafe { (self.0.CreateStatus)(code, c.as_ptr()).0 }
     }

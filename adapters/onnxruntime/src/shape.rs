@@ -5,7 +5,7 @@
 use crate::error::guard;
 use crate::register::this;
 use crate::sys::Api;
-use crate::tensor::{dtype_from_onnx, input_label, onnx_from_dtype, unsupported_type};
+use crate::tensor::{dtype_from_onnx, onnx_from_dtype, unsupported_type};
 use kernel_core::{DType, OpDef, Result, TensorSpec};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtCustomOp, OrtKernelInfo, OrtShapeInferContext, OrtStatusPtr,
@@ -17,8 +17,7 @@ fn spec(op: &OpDef, i: usize, et: ET, dims: Vec<Option<usize>>) -> Result<Option
     if et == ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED {
         return Ok(None);
     }
-    let dtype: DType =
-        dtype_from_onnx(et).ok_or_else(|| unsupported_type(&input_label(op, i), et))?;
+    let dtype: DType = dtype_from_onnx(et).ok_or_else(|| unsupported_type(op, i, et))?;
     Ok(Some(if dims.is_empty() {
         TensorSpec::unknown_rank(dtype)
     } else {

@@ -92,10 +92,11 @@ fn dim_from_ort(d: i64) -> Option<usize> {
     usize::try_from(d).ok()
 }
 
-/// A C string buffer as a String (up to the first NUL).
-fn string_from_buf(mut buf: Vec<u8>) -> String {
-    if let Some(p) = buf.iter().position(|&b| b == 0) {
-        buf.truncate(p);
+/// A string attribute's bytes as a String, without the C terminator. An embedded NUL stays in
+/// the value (binding then rejects it by name) rather than silently cutting it short.
+pub(crate) fn string_from_buf(mut buf: Vec<u8>) -> String {
+    while buf.last() == Some(&0) {
+        buf.pop();
     }
     String::from_utf8_lossy(&buf).into_owned()
 }

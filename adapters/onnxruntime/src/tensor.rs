@@ -42,10 +42,13 @@ pub fn onnx_type_name(t: ET) -> String {
 }
 
 /// An element type the adapter cannot hand to a kernel, as a polyop error.
-pub fn unsupported_type(what: &str, t: ET) -> Error {
+pub fn unsupported_type(op: &OpDef, i: usize, t: ET) -> Error {
+    let supported: Vec<&str> = op.dtypes.iter().map(|d| d.name()).collect();
     Error::invalid(format!(
-        "unsupported dtype {} for {what} (polyop supports float16, bfloat16, float32, float64, int32, int64, bool)",
-        onnx_type_name(t)
+        "unsupported dtype {} for {} (supported: {})",
+        onnx_type_name(t),
+        input_label(op, i),
+        supported.join(", ")
     ))
 }
 
@@ -87,7 +90,7 @@ pub(crate) unsafe fn inputs<'a>(
         }
         // SAFETY: `v` is a live input value of this call.
         let (et, shape) = unsafe { api.value_type_shape(v) }?;
-        let dtype = dtype_from_onnx(et).ok_or_else(|| unsupported_type(&input_label(op, i), et))?;
+        let dtype = dtype_from_onnx(et).ok_or_else(|| unsupported_type(op, i, et))?;
         // SAFETY: as above.
         let ptr = unsafe { api.tensor_data(v) }?;
         let strides = contiguous_strides(&shape);

@@ -83,7 +83,7 @@ pub unsafe fn message_of(s: *const TF_Status) -> String {
 /// # Safety
 /// `status` must be a live status.
 pub unsafe fn set_status(status: *mut TF_Status, code: TF_Code, msg: &str) {
-    let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    let c = std::ffi::CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
     // SAFETY: status is live; TF copies the message.
     unsafe { TF_SetStatus(status, code, c.as_ptr()) }
 }

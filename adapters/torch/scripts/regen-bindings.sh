@@ -48,6 +48,8 @@ FUNCTIONS=(
   aoti_torch_dtype_float16 aoti_torch_dtype_bfloat16 aoti_torch_dtype_float32
   aoti_torch_dtype_float64 aoti_torch_dtype_int32 aoti_torch_dtype_int64 aoti_torch_dtype_bool
   aoti_torch_dtype_uint8 aoti_torch_dtype_int8 aoti_torch_dtype_int16
+  aoti_torch_dtype_uint16 aoti_torch_dtype_uint32 aoti_torch_dtype_uint64
+  aoti_torch_dtype_float8_e5m2 aoti_torch_dtype_float8_e4m3fn aoti_torch_dtype_complex32
   aoti_torch_dtype_complex64 aoti_torch_dtype_complex128
   # tensors
   aoti_torch_get_dim aoti_torch_get_sizes aoti_torch_get_strides aoti_torch_get_dtype

@@ -36,7 +36,7 @@ pub unsafe extern "C" fn polyop_torch_boxed_call(
     match result {
         Ok(()) => std::ptr::null_mut(),
         Err(e) => {
-            let msg = e.to_string().replace('\0', " ");
+            let msg = e.to_string().replace('\0', "\\0");
             CString::new(msg).unwrap_or_default().into_raw()
         }
     }

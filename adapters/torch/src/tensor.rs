@@ -54,7 +54,7 @@ pub(crate) struct Codes {
     pub meta: i32,
     cuda: i32,
     dtypes: [(i32, DType); 7],
-    others: [(i32, &'static str); 5],
+    others: [(i32, &'static str); 11],
 }
 
 pub(crate) fn codes() -> &'static Codes {
@@ -78,6 +78,12 @@ pub(crate) fn codes() -> &'static Codes {
                 (ffi::aoti_torch_dtype_uint8(), "uint8"),
                 (ffi::aoti_torch_dtype_int8(), "int8"),
                 (ffi::aoti_torch_dtype_int16(), "int16"),
+                (ffi::aoti_torch_dtype_uint16(), "uint16"),
+                (ffi::aoti_torch_dtype_uint32(), "uint32"),
+                (ffi::aoti_torch_dtype_uint64(), "uint64"),
+                (ffi::aoti_torch_dtype_float8_e5m2(), "float8_e5m2"),
+                (ffi::aoti_torch_dtype_float8_e4m3fn(), "float8_e4m3fn"),
+                (ffi::aoti_torch_dtype_complex32(), "complex32"),
                 (ffi::aoti_torch_dtype_complex64(), "complex64"),
                 (ffi::aoti_torch_dtype_complex128(), "complex128"),
             ],

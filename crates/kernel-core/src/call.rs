@@ -15,7 +15,9 @@
 
 use crate::op::{InferCache, KernelCtx, OutputAllocator};
 use crate::schema::ArgType;
-use crate::{AttrValue, Attrs, DType, Error, OpDef, Result, TensorMut, TensorRef, ThreadPool};
+use crate::{
+    AttrValue, Attrs, DType, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef, ThreadPool,
+};
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
@@ -256,6 +258,9 @@ pub fn run<'t>(
     pool: &'t dyn ThreadPool,
     phase: Phase,
 ) -> Result<()> {
+    // Kernels compute with FTZ / DAZ off whatever this thread's mode (SPEC.md §2); the
+    // caller's mode is back when this drops, on return or unwinding (see `fpenv`).
+    let _fp = crate::fpenv::KernelFpEnv::enter();
     crate::catch_panic(op.name, || {
         let specs = op.infer_concrete_cached(&site.infer, inputs, &site.attrs)?;
         if op.flags.data_dependent_shape {
@@ -293,9 +298,68 @@ pub fn run<'t>(
         if phase == Phase::ShapesOnly {
             return Ok(());
         }
+        // An output that shares memory with an input (XLA `input_output_aliases`) would make
+        // the kernel read through a shared view of memory it writes: such inputs are copied
+        // first, so views never alias.
+        let copies = unaliased_copies(inputs, &views);
+        let unaliased: Vec<Option<TensorRef>>;
+        let inputs = if copies.iter().all(Option::is_none) {
+            inputs
+        } else {
+            unaliased = inputs
+                .iter()
+                .zip(&copies)
+                .map(|(t, c)| match c {
+                    Some(c) => Some(c.view()),
+                    None => t.clone(),
+                })
+                .collect();
+            &unaliased
+        };
+        // (The views' lifetime shortens to that of the copies.)
+        let mut views: Vec<TensorMut> = views;
         let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool);
         (op.cpu)(&mut ctx)
     })
+}
+
+/// The bytes a view can reach, as a half-open address range (empty for an empty tensor).
+fn byte_range(ptr: *const u8, dtype: DType, shape: &[usize], strides: &[isize]) -> (usize, usize) {
+    if shape.contains(&0) {
+        return (0, 0);
+    }
+    let (mut lo, mut hi) = (0isize, 0isize);
+    for (&d, &s) in shape.iter().zip(strides) {
+        let reach = (d as isize - 1) * s * dtype.size() as isize;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    let base = ptr as isize;
+    ((base + lo) as usize, (base + hi) as usize + dtype.size())
+}
+
+/// For each input that overlaps an output: a contiguous copy of it (else `None`).
+fn unaliased_copies(
+    inputs: &[Option<TensorRef>],
+    outputs: &[TensorMut],
+) -> Vec<Option<OwnedTensor>> {
+    let outs: Vec<(usize, usize)> = outputs
+        .iter()
+        .map(|o| byte_range(o.ptr(), o.dtype, &o.shape, &o.strides))
+        .collect();
+    inputs
+        .iter()
+        .map(|t| {
+            let t = t.as_ref()?;
+            let (lo, hi) = byte_range(t.ptr(), t.dtype, &t.shape, &t.strides);
+            outs.iter()
+                .any(|&(a, b)| lo < b && a < hi)
+                .then(|| OwnedTensor::copy_of(t))
+        })
+        .collect()
 }
 
 /// Run `f` at an FFI boundary: a polyop error or a panic becomes `sink(error)` (the

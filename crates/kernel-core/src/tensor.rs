@@ -479,6 +479,38 @@ impl OwnedTensor {
         t.as_mut_slice::<T>()?.copy_from_slice(&data);
         Ok(t)
     }
+    /// A contiguous copy of a (possibly strided) view, element by element.
+    pub fn copy_of(t: &TensorRef) -> Self {
+        let mut out = OwnedTensor::zeros(t.dtype, &t.shape);
+        let (size, n) = (t.dtype.size(), t.numel());
+        let dst = out.storage.as_mut_ptr() as *mut u8;
+        let mut idx = vec![0usize; t.rank()];
+        for k in 0..n {
+            let off: isize = idx
+                .iter()
+                .zip(&t.strides)
+                .map(|(&i, &s)| i as isize * s)
+                .sum();
+            // SAFETY: `idx` is within `t.shape`, so `off` elements from `t.ptr()` is an offset
+            // the view's contract makes readable; `dst` has room for `n` elements of `size`
+            // bytes, and the two buffers are distinct allocations.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    t.ptr().offset(off * size as isize),
+                    dst.add(k * size),
+                    size,
+                )
+            };
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < t.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        out
+    }
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
