@@ -402,3 +402,17 @@ def test_wrapper_errors():
         OPS.topk(tf.ones([3]), k=1, kk=2)
     with pytest.raises(TypeError, match="required"):
         OPS.add(tf.ones([3]))
+
+
+def test_graph_shape_too_large_to_address_fails_graph_construction():
+    """Static shapes whose broadcast output cannot be addressed are rejected by the shape
+    function with an error naming the op, before anything is allocated (it used to be
+    accepted, leaving the impossible allocation to the kernel)."""
+    f = tf.function(
+        lambda x, y: RAW.polyop_add(x, y),
+        input_signature=[tf.TensorSpec([2**40, 1]), tf.TensorSpec([1, 2**40])],
+    )
+    with pytest.raises(ValueError, match=r"polyop\.add: output `out`: shape \[1099511627776, 1099511627776\] is too large"):
+        f.get_concrete_function()
+    # the process and the op keep working
+    np.testing.assert_array_equal(RAW.polyop_add(tf.ones([2, 1]), tf.ones([1, 3])).numpy(), np.full((2, 3), 2.0, np.float32))
