@@ -43,7 +43,7 @@ fn nonzero_k<T: Element>(ctx: &mut KernelCtx) -> Result<()> {
     let (count, size) = chunks(total, GRAIN);
     // one slot per chunk (safe: one relaxed store per chunk of GRAIN elements)
     let slots: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
-    run_chunks(pool, count, |c| {
+    kernel_core::run_tasks(pool, count, |c| {
         let r = &data[c * size..((c + 1) * size).min(total)];
         let n = r.iter().filter(|v| !v.is_zero()).count();
         slots[c].store(n, Ordering::Relaxed);
@@ -64,7 +64,7 @@ fn nonzero_k<T: Element>(ctx: &mut KernelCtx) -> Result<()> {
         parts.push(Mutex::new(head));
         rest = tail;
     }
-    run_chunks(pool, count, |c| {
+    kernel_core::run_tasks(pool, count, |c| {
         let start = c * size;
         let end = ((c + 1) * size).min(total);
         let mut rows = parts[c].lock().unwrap_or_else(|e| e.into_inner());
@@ -95,14 +95,6 @@ fn nonzero_k<T: Element>(ctx: &mut KernelCtx) -> Result<()> {
         }
     });
     Ok(())
-}
-
-fn run_chunks(pool: &dyn kernel_core::ThreadPool, count: usize, f: impl Fn(usize) + Sync) {
-    match count {
-        0 => {}
-        1 => f(0),
-        _ => pool.run(count, &f),
-    }
 }
 
 fn nonzero_cpu(ctx: &mut KernelCtx) -> Result<()> {

@@ -243,11 +243,7 @@ where
         }
         *partials[c].lock().unwrap_or_else(|e| e.into_inner()) = acc;
     };
-    match count {
-        0 => {}
-        1 => task(0),
-        _ => pool.run(count, &task),
-    }
+    kernel_core::run_tasks(pool, count, task);
     let mut total = vec![T::C::ZERO; n];
     for p in partials {
         let p = p.into_inner().unwrap_or_else(|e| e.into_inner());

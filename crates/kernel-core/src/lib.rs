@@ -5,6 +5,7 @@
 //! - [`Schema`]: PyTorch-style schema strings; [`Attrs`]: bound attribute values.
 //! - [`OpDef`], [`Registry`]: ops as data; [`TensorSpec`]: shapes with unknown dims.
 //! - [`ThreadPool`], [`parallel_for`]: the host's threads, fixed partitioning.
+//! - [`KernelFpEnv`]: the fixed floating-point environment kernels compute in (no FTZ / DAZ).
 //! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries.
 
 pub mod attrs;
@@ -12,6 +13,7 @@ pub mod call;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod fpenv;
 pub mod op;
 pub mod parallel;
 pub mod schema;
@@ -22,11 +24,14 @@ pub use attrs::{widen_f32_attr, AttrValue, Attrs};
 pub use call::{AttrSource, CallSite, CallSites, Phase};
 pub use dtype::{DType, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, Result};
+pub use fpenv::KernelFpEnv;
 pub use op::{
     camel_case, Backward, BwdInput, Dim, InferCtx, KernelCtx, OpBuilder, OpDef, OpFlags,
     OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
 };
-pub use parallel::{default_pool, parallel_for, PanicSlot, RayonPool, SerialPool, ThreadPool};
+pub use parallel::{
+    default_pool, parallel_for, run_tasks, PanicSlot, RayonPool, SerialPool, ThreadPool,
+};
 pub use schema::{Arg, ArgType, Schema};
 pub use tensor::{
     broadcast_shapes, broadcast_strides, contiguous_strides, for_each_row, normalize_axis, numel,

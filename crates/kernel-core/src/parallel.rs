@@ -5,6 +5,8 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
+use crate::fpenv::with_kernel_env;
+
 /// Runs `f(i)` for every `i` in `0..num_tasks`, possibly concurrently, and returns when all have
 /// finished. Implementations must not let a panic escape a task across an FFI boundary: use
 /// [`PanicSlot`] to catch it in the task and re-raise it on the calling thread.
@@ -65,7 +67,8 @@ pub fn chunks(n: usize, grain: usize) -> (usize, usize) {
 }
 
 /// Call `f(range)` over a fixed partition of `0..n` into ranges of at least `grain` items,
-/// on `pool`.
+/// on `pool`. Each chunk computes in the kernel floating-point environment
+/// ([`KernelFpEnv`](crate::fpenv::KernelFpEnv)), whichever thread runs it.
 pub fn parallel_for(
     pool: &dyn ThreadPool,
     n: usize,
@@ -73,13 +76,21 @@ pub fn parallel_for(
     f: impl Fn(Range<usize>) + Sync,
 ) {
     let (count, size) = chunks(n, grain);
+    run_tasks(pool, count, |i| {
+        let start = i * size;
+        f(start..(start + size).min(n))
+    });
+}
+
+/// Run `f(i)` for every `i` in `0..count` on `pool` (on the calling thread when `count` is 1),
+/// each task in the kernel floating-point environment ([`KernelFpEnv`](crate::fpenv::KernelFpEnv): a framework's worker
+/// thread may flush subnormals, see `fpenv`). Kernels that hand their own tasks to a pool use
+/// this rather than [`ThreadPool::run`].
+pub fn run_tasks(pool: &dyn ThreadPool, count: usize, f: impl Fn(usize) + Sync) {
     match count {
         0 => {}
-        1 => f(0..n),
-        _ => pool.run(count, &|i| {
-            let start = i * size;
-            f(start..(start + size).min(n))
-        }),
+        1 => with_kernel_env(|| f(0)),
+        _ => pool.run(count, &|i| with_kernel_env(|| f(i))),
     }
 }
 
