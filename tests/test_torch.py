@@ -626,3 +626,30 @@ def test_raw_library_compile_and_opcheck_without_python_registration():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "['SUCCESS']"], r.stdout
+
+
+def test_a_registration_failure_at_load_time_is_a_load_error():
+    """A library whose load-time registration fails (here: a second copy of the stock library,
+    whose namespace is taken) is reported by polyop.torch.load as an error naming the library
+    and torch's reason, instead of loading with its ops silently missing; the first copy keeps
+    working."""
+    r = run_python(
+        """
+        import shutil, tempfile, torch
+        import polyop.torch as pt
+        torch.ops.load_library('target/release/libpolyop_torch.so')
+        copy = tempfile.mkdtemp() + '/libpolyop_torch_copy.so'
+        shutil.copy('target/release/libpolyop_torch.so', copy)
+        try:
+            pt.load(copy)
+            print('loaded')
+        except RuntimeError as e:
+            print('ERROR', e)
+        print(torch.ops.polyop.negate(torch.tensor([1.0, -2.0])).tolist())
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("ERROR polyop: ") and "libpolyop_torch_copy.so failed to register its ops with torch" in first, r.stdout
+    assert "Only a single TORCH_LIBRARY can be used to register the namespace polyop" in first, r.stdout
+    assert r.stdout.splitlines()[-1] == "[-1.0, 2.0]", r.stdout

@@ -319,6 +319,13 @@ class Library:
             raise LibraryError(f"polyop: {path}: polyop_library_info returned bad JSON: {e}") from None
         if "error" in self.info or self.info.get("polyop_library") != 1:
             raise LibraryError(f"polyop: {path}: unsupported library info {str(self.info)[:200]}")
+        if self.info.get("load_errors"):
+            # The library's load-time constructor could not register (all) its ops with the
+            # framework; the framework's loader cannot report that, so it is reported here.
+            raise LibraryError(
+                f"polyop: {path} failed to register its ops with {self.info['framework']}: "
+                + "; ".join(self.info["load_errors"])
+            )
         self.framework: str = self.info["framework"]
         self.name_key: str = self.info["name_key"]
         #: torch namespace / TF op-type prefix / ONNX domain / XLA target prefix.

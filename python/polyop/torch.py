@@ -108,6 +108,7 @@ def _load_stock(path: str | None) -> Loaded:
         if not _library_loaded():
             lib_path = library_path()
             torch.ops.load_library(lib_path)
+            _library.open_library(lib_path)  # raises if its ops failed to register
         infos = polyop.ops()
         for info in infos:
             if info["flags"]["data_dependent_shape"]:

@@ -36,8 +36,14 @@ macro_rules! export {
         const _: () = {
             extern "C" fn __polyop_tensorflow_init() {
                 // Never unwind out of a library constructor.
-                let _ =
+                let r =
                     ::std::panic::catch_unwind(|| $crate::register_with_prefix($prefix, $registry));
+                if r.is_err() {
+                    $crate::__polyop_export::record_load_error(::std::format!(
+                        "polyop-tensorflow: registering ops with prefix `{}` panicked",
+                        $prefix
+                    ));
+                }
             }
             #[used]
             #[link_section = ".init_array"]

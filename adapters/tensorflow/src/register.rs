@@ -295,10 +295,10 @@ pub fn register_with_prefix(prefix: &str, registry: &'static Registry) -> Vec<St
                 continue;
             }
             if ops.len() >= SLOTS {
-                eprintln!(
+                polyop_export::record_load_error(format!(
                     "polyop-tensorflow: more than {SLOTS} ops; `{}` not registered",
                     op.name
-                );
+                ));
                 continue;
             }
             ops.push(op);
@@ -307,7 +307,10 @@ pub fn register_with_prefix(prefix: &str, registry: &'static Registry) -> Vec<St
         // SAFETY: called with TF loaded (this library links libtensorflow_framework).
         match unsafe { register_op(prefix, op, slot) } {
             Ok(()) => done.push(tf_op_type_with_prefix(prefix, op)),
-            Err(e) => eprintln!("polyop-tensorflow: failed to register `{}`: {e}", op.name),
+            Err(e) => polyop_export::record_load_error(format!(
+                "polyop-tensorflow: failed to register `{}`: {e}",
+                op.name
+            )),
         }
     }
     done

@@ -41,11 +41,15 @@ macro_rules! export_registry {
                 let r = ::std::panic::catch_unwind(|| {
                     $crate::register_registry($ns, $registry, $crate::Namespace::Def)
                 });
-                match r {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => ::std::eprintln!("polyop: registering torch ops failed: {e}"),
-                    Err(_) => ::std::eprintln!("polyop: registering torch ops panicked"),
-                }
+                let err = match r {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => e,
+                    Err(_) => "a panic".to_string(),
+                };
+                $crate::__polyop_export::record_load_error(::std::format!(
+                    "polyop: registering torch ops in namespace `{}` failed: {err}",
+                    $ns
+                ));
             }
             #[used]
             #[link_section = ".init_array"]

@@ -143,10 +143,29 @@ pub fn library_info(
     m.insert("polyop_version".into(), json!(env!("CARGO_PKG_VERSION")));
     m.insert("exported".into(), json!(exported));
     m.insert(
+        "load_errors".into(),
+        json!(*LOAD_ERRORS.lock().unwrap_or_else(|e| e.into_inner())),
+    );
+    m.insert(
         "ops".into(),
         Value::Array(registry.ops().map(op_json).collect()),
     );
     Value::Object(m).to_string()
+}
+
+/// Errors met while this library registered its ops with the framework from its load-time
+/// constructor, which cannot raise: kept here and reported as `"load_errors"` in
+/// `polyop_library_info`, so the Python glue turns them into a load error instead of letting
+/// the ops silently go missing.
+static LOAD_ERRORS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Record a registration failure (also printed on stderr, for raw loads without the glue).
+pub fn record_load_error(msg: String) {
+    eprintln!("{msg}");
+    LOAD_ERRORS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(msg);
 }
 
 /// Names of the ops a framework without in-place semantics exposes.
