@@ -33,22 +33,14 @@ pub use register::{register, register_with_prefix, tf_op_spec, tf_op_type, TfOpS
 #[macro_export]
 macro_rules! export {
     (prefix = $prefix:expr, registry = $registry:expr $(,)?) => {
-        const _: () = {
-            extern "C" fn __polyop_tensorflow_init() {
-                // Never unwind out of a library constructor.
-                let r =
-                    ::std::panic::catch_unwind(|| $crate::register_with_prefix($prefix, $registry));
-                if r.is_err() {
-                    $crate::__polyop_export::record_load_error(::std::format!(
-                        "polyop-tensorflow: registering ops with prefix `{}` panicked",
-                        $prefix
-                    ));
-                }
+        $crate::__polyop_export::on_load!(
+            ::std::format!("registering TensorFlow ops with prefix `{}`", $prefix),
+            {
+                // Per-op failures are recorded by register_with_prefix itself.
+                $crate::register_with_prefix($prefix, $registry);
+                Ok(())
             }
-            #[used]
-            #[link_section = ".init_array"]
-            static __POLYOP_TENSORFLOW_INIT: extern "C" fn() = __polyop_tensorflow_init;
-        };
+        );
         $crate::__polyop_export::library_exports!(
             framework = "tensorflow",
             name_key = "prefix",

@@ -31,30 +31,15 @@ pub use pool::TorchPool;
 pub use register::{register_registry, Namespace, Registered};
 
 /// Register `$registry` (an expression of type `&'static Registry`) under namespace `$ns` when
-/// the shared library is loaded (`torch.ops.load_library`). Failures are reported on stderr
-/// (a load-time constructor cannot raise), and the ops are then missing.
+/// the shared library is loaded (`torch.ops.load_library`). A failure is kept and reported by
+/// the Python glue as a load error (a load-time constructor cannot raise) and on stderr.
 #[macro_export]
 macro_rules! export_registry {
     ($ns:expr, $registry:expr) => {
-        const _: () = {
-            extern "C" fn __polyop_torch_init() {
-                let r = ::std::panic::catch_unwind(|| {
-                    $crate::register_registry($ns, $registry, $crate::Namespace::Def)
-                });
-                let err = match r {
-                    Ok(Ok(_)) => return,
-                    Ok(Err(e)) => e,
-                    Err(_) => "a panic".to_string(),
-                };
-                $crate::__polyop_export::record_load_error(::std::format!(
-                    "polyop: registering torch ops in namespace `{}` failed: {err}",
-                    $ns
-                ));
-            }
-            #[used]
-            #[link_section = ".init_array"]
-            static __POLYOP_TORCH_INIT: extern "C" fn() = __polyop_torch_init;
-        };
+        $crate::__polyop_export::on_load!(
+            ::std::format!("registering torch ops in namespace `{}`", $ns),
+            $crate::register_registry($ns, $registry, $crate::Namespace::Def).map(|_| ())
+        );
     };
 }
 

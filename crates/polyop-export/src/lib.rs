@@ -168,6 +168,33 @@ pub fn record_load_error(msg: String) {
         .push(msg);
 }
 
+/// Run `$body` (an expression of type `Result<(), String>`) when the library is loaded, from
+/// an ELF constructor (`.init_array`): how adapters register ops with frameworks that only
+/// `dlopen` a library (torch, TensorFlow). A constructor cannot raise, so an error or a panic
+/// is kept with [`record_load_error`] as "polyop: `$what` failed: ...".
+#[macro_export]
+macro_rules! on_load {
+    ($what:expr, $body:expr) => {
+        const _: () = {
+            extern "C" fn __polyop_on_load() {
+                // Never unwind out of a library constructor.
+                let r = ::std::panic::catch_unwind(
+                    || -> ::std::result::Result<(), ::std::string::String> { $body },
+                );
+                let err = match r {
+                    Ok(Ok(())) => return,
+                    Ok(Err(e)) => e,
+                    Err(_) => "a panic".to_string(),
+                };
+                $crate::record_load_error(::std::format!("polyop: {} failed: {err}", $what));
+            }
+            #[used]
+            #[link_section = ".init_array"]
+            static __POLYOP_ON_LOAD: extern "C" fn() = __polyop_on_load;
+        };
+    };
+}
+
 /// Names of the ops a framework without in-place semantics exposes.
 pub fn out_of_place_ops(registry: &Registry) -> Vec<&str> {
     registry
