@@ -1,6 +1,6 @@
 //! The part of the TensorFlow C API polyop uses (`tensorflow/c/{tf_status,tf_tensor,ops,
 //! kernels}.h` from the wheel's `include/`). The declarations are bindgen output, committed in
-//! `sys/bindings.rs` and regenerated with `scripts/regen-bindings.sh`; this file keeps only what
+//! `sys/bindings.rs` and regenerated with `scripts/bindgen.conf` (`crates/polyop-build/scripts/regen-bindings.sh`); this file keeps only what
 //! the headers do not declare as such (macros, callback types, the two registration calls taking
 //! non-null callbacks) and the `Status` RAII wrapper. Symbols resolve from
 //! `libtensorflow_framework.so.2`.

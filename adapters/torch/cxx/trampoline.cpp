@@ -10,7 +10,7 @@
 //     either nullptr or an error message; the trampoline then throws std::runtime_error.
 // Everything else (registration, stack decoding, tensors, the thread pool) is Rust calling the
 // C shim directly, through bindings bindgen generated from these headers (src/sys/bindings.rs,
-// scripts/regen-bindings.sh).
+// scripts/bindgen.conf with crates/polyop-build/scripts/regen-bindings.sh).
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/c/shim.h>

@@ -1,6 +1,6 @@
 //! The libtorch stable C ABI (`torch/csrc/inductor/aoti_torch/c/shim.h` and
 //! `torch/csrc/stable/c/shim.h`) that the adapter uses. The declarations are bindgen output,
-//! committed in `sys/bindings.rs` and regenerated with `scripts/regen-bindings.sh`; this file
+//! committed in `sys/bindings.rs` and regenerated with `scripts/bindgen.conf` (`crates/polyop-build/scripts/regen-bindings.sh`); this file
 //! keeps the hand-written rest: `SUCCESS`, the two calls taking non-null callbacks, the C++
 //! trampoline layer (`cxx/trampoline.cpp`) and `last_error`. Symbols resolve from
 //! `libtorch_cpu.so`.

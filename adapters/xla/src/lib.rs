@@ -3,7 +3,7 @@
 //!
 //! - [`call::handle`] is the one generic handler (call frame -> views -> kernel), written
 //!   against `xla/ffi/api/c_api.h` (bindings in [`sys`], generated once with bindgen from
-//!   the pinned jaxlib and committed; see `scripts/regen-bindings.sh`).
+//!   the pinned jaxlib and committed; see `scripts/bindgen.conf` (`crates/polyop-build/scripts/regen-bindings.sh`)).
 //! - XLA needs one C symbol per target, while the adapter knows no op: [`export!`] takes a
 //!   target prefix, a registry and a list of op names and emits, for each, an `extern "C"`
 //!   function exported as `<prefix><name>` that delegates to the generic handler with the

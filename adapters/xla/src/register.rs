@@ -35,7 +35,7 @@ pub unsafe fn check_api(api: *const sys::XLA_FFI_Api) -> Result<()> {
         return Err(Error::unsupported(format!(
             "XLA FFI API version mismatch: the runtime provides {major}.{minor}, libpolyop_xla was \
              built against {API_MAJOR}.{API_MINOR} (jaxlib {PINNED_JAXLIB}); rebuild polyop \
-             against the installed jaxlib (adapters/xla/scripts/regen-bindings.sh)"
+             against the installed jaxlib (crates/polyop-build/scripts/regen-bindings.sh adapters/xla/scripts/bindgen.conf)"
         )));
     }
     if size < sys::XLA_FFI_Api_STRUCT_SIZE as usize {
