@@ -3,16 +3,13 @@
 //! polyop kernel inside a jitted program never oversubscribes the cores.
 //!
 //! `Schedule` is fire-and-forget and XLA documents that tasks may run on the caller's thread,
-//! later, or on a pool of size 1. So `run` never *waits for* a helper to start: the calling
-//! thread claims task indices itself from a shared counter, helpers claim the rest, and the
-//! caller only waits for tasks that a helper has already claimed (and is therefore running).
-//! A helper that starts after all indices are claimed exits without touching the closure.
-//! The shared state is reference-counted, so such a late helper never sees freed memory.
+//! later, or on a pool of size 1, so `run` is kernel-core's `run_with_helpers` (the caller
+//! claims tasks itself and never waits for a helper to start) with XLA's `Schedule` handing the
+//! helpers over.
 
 use crate::sys;
-use kernel_core::{PanicSlot, ThreadPool};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use kernel_core::parallel::{run_with_helpers, Helper};
+use kernel_core::ThreadPool;
 
 /// XLA's intra-op pool, for one handler invocation. The thread count is asked for only when
 /// a kernel actually splits its work (most tiny calls never do).
@@ -89,50 +86,11 @@ impl XlaPool {
     }
 }
 
-struct Shared {
-    next: AtomicUsize,
-    done: AtomicUsize,
-    n: usize,
-    /// Lifetime-erased task closure; only dereferenced after claiming an index `< n`, and the
-    /// caller waits for every claimed index to finish before the closure goes away.
-    f: *const (dyn Fn(usize) + Sync),
-    panics: PanicSlot,
-    lock: Mutex<()>,
-    cv: Condvar,
-}
-
-// SAFETY: the only non-thread-safe field is the raw `f`. It points to a `dyn Fn + Sync`, which
-// may be called from any thread through a shared reference, and (see `f`) is dereferenced only
-// while the closure is alive. The other fields are atomics, a `PanicSlot`, a mutex and a
-// condvar. A late helper may drop the last `Arc` on another thread; dropping `f` frees nothing.
-unsafe impl Send for Shared {}
-// SAFETY: as for `Send`: every method takes `&self` and touches `f` only as a shared call.
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    fn work(&self) {
-        loop {
-            let i = self.next.fetch_add(1, Ordering::AcqRel);
-            if i >= self.n {
-                return;
-            }
-            // SAFETY: i < n was claimed, so the caller is still waiting for it (see `f`).
-            let f = unsafe { &*self.f };
-            self.panics.catch(|| f(i));
-            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
-                let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-                self.cv.notify_all();
-            }
-        }
-    }
-}
-
 unsafe extern "C" fn task_entry(data: *mut std::ffi::c_void) {
-    // Nothing may unwind into XLA: `work` catches task panics; this catches the rest.
+    // Nothing may unwind into XLA: `Helper::run` keeps task panics; this catches the rest.
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: `data` is the Box<Arc<Shared>> leaked by `run` for this task.
-        let shared: Box<Arc<Shared>> = unsafe { Box::from_raw(data as *mut Arc<Shared>) };
-        shared.work();
+        // SAFETY: `data` is the Box<Helper> leaked by `run` for this task, taken back once.
+        unsafe { Box::from_raw(data as *mut Helper) }.run();
     });
 }
 
@@ -150,57 +108,36 @@ impl ThreadPool for XlaPool {
             (0..num_tasks).for_each(f);
             return;
         }
-        // SAFETY: erase the lifetime; see `Shared::f`.
-        let f_static: *const (dyn Fn(usize) + Sync) = unsafe {
-            std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
-        };
-        let shared = Arc::new(Shared {
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            n: num_tasks,
-            f: f_static,
-            panics: PanicSlot::new(),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-        });
         // SAFETY: the API table of this call (`from_call`'s contract), checked to hold the entry.
-        let schedule = unsafe { (*self.api).XLA_FFI_ThreadPool_Schedule };
-        if let Some(schedule) = schedule {
-            let helpers = (num_tasks - 1).min(threads);
-            for _ in 0..helpers {
-                let data = Box::into_raw(Box::new(shared.clone())) as *mut std::ffi::c_void;
-                let mut args = sys::XLA_FFI_ThreadPool_Schedule_Args {
-                    struct_size: sys::XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE as usize,
-                    extension_start: std::ptr::null_mut(),
-                    ctx: self.ctx,
-                    task: Some(task_entry),
-                    data,
-                };
-                // SAFETY: `self.ctx` is the live execution context of this call; `args` is a
-                // complete argument struct; `data` is a leaked `Box<Arc<Shared>>` that
-                // `task_entry` takes back exactly once when XLA runs it, and `task_entry`
-                // catches every panic.
-                let err = unsafe { schedule(&mut args) };
-                if !err.is_null() {
-                    // Not scheduled: reclaim the reference; the caller does the work.
-                    // SAFETY: XLA refused the task, so `task_entry` will never see `data`: this
-                    // is its only release. `err` was just created by this table.
-                    unsafe {
-                        drop(Box::from_raw(data as *mut Arc<Shared>));
-                        crate::error::destroy_error(self.api, err);
-                    }
-                    break;
-                }
+        let Some(schedule) = (unsafe { (*self.api).XLA_FFI_ThreadPool_Schedule }) else {
+            return (0..num_tasks).for_each(f);
+        };
+        let mut hand_over = |helper: Helper| {
+            let data = Box::into_raw(Box::new(helper)) as *mut std::ffi::c_void;
+            let mut args = sys::XLA_FFI_ThreadPool_Schedule_Args {
+                struct_size: sys::XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE as usize,
+                extension_start: std::ptr::null_mut(),
+                ctx: self.ctx,
+                task: Some(task_entry),
+                data,
+            };
+            // SAFETY: `self.ctx` is the live execution context of this call; `args` is a
+            // complete argument struct; `data` is a leaked `Box<Helper>` that `task_entry`
+            // takes back exactly once when XLA runs it, and `task_entry` catches every panic.
+            let err = unsafe { schedule(&mut args) };
+            if err.is_null() {
+                return true;
             }
-        }
-        shared.work();
-        {
-            let mut g = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
-            while shared.done.load(Ordering::Acquire) < num_tasks {
-                g = shared.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            // Not scheduled: XLA refused the task, so `task_entry` will never see `data`: this
+            // is its only release; `err` was just created by this table.
+            // SAFETY: as said.
+            unsafe {
+                drop(Box::from_raw(data as *mut Helper));
+                crate::error::destroy_error(self.api, err);
             }
-        }
-        shared.panics.resume();
+            false
+        };
+        run_with_helpers(num_tasks, threads, &mut hand_over, f);
     }
     fn num_threads(&self) -> usize {
         match self.threads() {

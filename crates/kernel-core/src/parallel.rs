@@ -67,8 +67,9 @@ pub fn chunks(n: usize, grain: usize) -> (usize, usize) {
 }
 
 /// Call `f(range)` over a fixed partition of `0..n` into ranges of at least `grain` items,
-/// on `pool`. Each chunk computes in the kernel floating-point environment
-/// ([`KernelFpEnv`](crate::fpenv::KernelFpEnv)), whichever thread runs it.
+/// on `pool`. Each chunk a pool thread runs computes in the kernel floating-point environment
+/// ([`KernelFpEnv`](crate::fpenv::KernelFpEnv)), whichever thread that is; a single chunk runs
+/// on the calling thread, in the environment `call::run` set.
 pub fn parallel_for(
     pool: &dyn ThreadPool,
     n: usize,
@@ -83,13 +84,14 @@ pub fn parallel_for(
 }
 
 /// Run `f(i)` for every `i` in `0..count` on `pool` (on the calling thread when `count` is 1),
-/// each task in the kernel floating-point environment ([`KernelFpEnv`](crate::fpenv::KernelFpEnv): a framework's worker
-/// thread may flush subnormals, see `fpenv`). Kernels that hand their own tasks to a pool use
-/// this rather than [`ThreadPool::run`].
+/// each pool task in the kernel floating-point environment
+/// ([`KernelFpEnv`](crate::fpenv::KernelFpEnv)): a framework's worker thread may flush
+/// subnormals. Kernels that hand their own tasks to a pool use this, not [`ThreadPool::run`].
 pub fn run_tasks(pool: &dyn ThreadPool, count: usize, f: impl Fn(usize) + Sync) {
     match count {
         0 => {}
-        1 => with_kernel_env(|| f(0)),
+        // the calling thread: a kernel's, already in the kernel environment (`call::run`)
+        1 => f(0),
         _ => pool.run(count, &|i| with_kernel_env(|| f(i))),
     }
 }
@@ -117,4 +119,98 @@ impl PanicSlot {
             std::panic::resume_unwind(p);
         }
     }
+}
+
+/// The state shared by the caller and the helpers of [`run_with_helpers`].
+struct Claimed {
+    next: std::sync::atomic::AtomicUsize,
+    done: std::sync::atomic::AtomicUsize,
+    n: usize,
+    /// Lifetime-erased task closure; only dereferenced after claiming an index `< n`, and the
+    /// caller waits for every claimed index to finish before the closure goes away.
+    f: *const (dyn Fn(usize) + Sync),
+    panics: PanicSlot,
+    lock: Mutex<()>,
+    cv: std::sync::Condvar,
+}
+
+// SAFETY: the only non-thread-safe field is the raw `f`. It points to a `dyn Fn + Sync`, which
+// may be called from any thread through a shared reference, and (see `f`) is dereferenced only
+// while the closure is alive. The other fields are atomics, a `PanicSlot`, a mutex and a
+// condvar. A late helper may drop the last `Arc` on another thread; dropping `f` frees nothing.
+unsafe impl Send for Claimed {}
+// SAFETY: as for `Send`: every method takes `&self` and touches `f` only as a shared call.
+unsafe impl Sync for Claimed {}
+
+impl Claimed {
+    fn work(&self) {
+        use std::sync::atomic::Ordering;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            if i >= self.n {
+                return;
+            }
+            // SAFETY: i < n was claimed, so the caller is still waiting for it (see `f`).
+            let f = unsafe { &*self.f };
+            self.panics.catch(|| f(i));
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+                let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.cv.notify_all();
+            }
+        }
+    }
+}
+
+/// One helper of [`run_with_helpers`]: run it once, on any thread, at any time, or drop it.
+pub struct Helper(std::sync::Arc<Claimed>);
+
+impl Helper {
+    /// Claim and run task indices until none is left; never unwinds (task panics are kept for
+    /// the caller).
+    pub fn run(self) {
+        self.0.work();
+    }
+}
+
+/// A [`ThreadPool::run`] for frameworks whose pool only *schedules* fire-and-forget tasks that
+/// may run later, on the caller's thread, or never before the caller blocks (XLA's FFI thread
+/// pool): the calling thread claims task indices itself from a shared counter, `helpers`
+/// helpers handed to `schedule` claim the rest, and the caller only waits for indices a helper
+/// has already claimed (so is running). A helper that starts after every index was claimed
+/// returns without touching `f`; the shared state is reference-counted, so it never sees freed
+/// memory. `schedule` returns false when it could not hand the helper over (then no more are
+/// tried). The first task panic is re-raised here.
+pub fn run_with_helpers(
+    num_tasks: usize,
+    helpers: usize,
+    schedule: &mut dyn FnMut(Helper) -> bool,
+    f: &(dyn Fn(usize) + Sync),
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // SAFETY: erase the lifetime; see `Claimed::f`: this function returns only after every
+    // claimed index has finished, and unclaimed helpers never dereference it.
+    let f: *const (dyn Fn(usize) + Sync) = unsafe {
+        std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
+    };
+    let shared = std::sync::Arc::new(Claimed {
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        n: num_tasks,
+        f,
+        panics: PanicSlot::new(),
+        lock: Mutex::new(()),
+        cv: std::sync::Condvar::new(),
+    });
+    for _ in 0..helpers.min(num_tasks.saturating_sub(1)) {
+        if !schedule(Helper(shared.clone())) {
+            break;
+        }
+    }
+    shared.work();
+    let mut g = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+    while shared.done.load(Ordering::Acquire) < num_tasks {
+        g = shared.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+    }
+    drop(g);
+    shared.panics.resume();
 }

@@ -16,9 +16,9 @@ fn reverse_cpu(ctx: &mut KernelCtx) -> Result<()> {
     let out = ctx.outputs[0].as_mut_slice::<f32>()?;
     // Read and write element by element, as a kernel streaming through memory would.
     let src = ctx.inputs[0].as_ref().expect("x").ptr() as *const f32;
-    for i in 0..out.len() {
+    for (i, o) in out.iter_mut().enumerate() {
         // SAFETY: `src` is the f32 input of `x.len() == out.len()` contiguous elements.
-        out[i] = unsafe { *src.add(x.len() - 1 - i) };
+        *o = unsafe { *src.add(x.len() - 1 - i) };
     }
     Ok(())
 }
