@@ -9,8 +9,9 @@
 //! and the caller's environment is put back afterwards.
 //!
 //! [`KernelFpEnv`] is the guard that does it. [`call::run`](crate::call::run) holds one around
-//! the whole call, and [`parallel_for`](crate::parallel_for) holds one around each chunk, since
-//! a chunk may run on a framework's worker thread whose mode the call's guard does not reach.
+//! the whole call, and [`parallel_for`](crate::parallel_for) / [`run_tasks`](crate::run_tasks)
+//! hold one around each task given to a pool, since a task may run on a framework's worker
+//! thread whose mode the call's guard does not reach.
 //!
 //! On x86-64 the environment is the SSE control/status register MXCSR (`stmxcsr` / `ldmxcsr`;
 //! Rust computes `f32` / `f64` with SSE there, never x87). When the control bits are already the
