@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from polyop.conformance import Case
+from polyop.conformance.tolerances import EPS, op_ulps
 
 FLOAT = ["float16", "bfloat16", "float32", "float64"]
 INT = ["int32", "int64"]
@@ -276,6 +277,7 @@ def cases() -> list[Case]:
 
     out += backward_cases(Gen(23))
     out += small_magnitude_cases(Gen(2323))
+    out += subnormal_cases()
     out += bad_inputs(g)
     ids = [c.id for c in out]
     dup = {i for i in ids if ids.count(i) > 1}
@@ -412,4 +414,76 @@ def small_magnitude_cases(g: Gen) -> list[Case]:
         for approx in ("none", "tanh"):
             out.append(c("gelu", [g.arr((3, 4), dt, lo=-3.6, hi=-3.2)], {"approximate": approx},
                          f"negative-tail,approximate={approx}"))
+    return out
+
+
+#: Exponent of the smallest positive subnormal (``TINY``) per float dtype, and the number of
+#: subnormal steps below the smallest normal number (smallest normal = ``STEPS * TINY``).
+TINY_EXP = {"float16": -24, "bfloat16": -133, "float32": -149, "float64": -1074}
+STEPS = {"float16": 2**10, "bfloat16": 2**7, "float32": 2**23, "float64": 2**52}
+
+
+def _subnormals(dt: str, ks) -> np.ndarray:
+    """``k * TINY`` for each integer ``k`` (|k| < STEPS: subnormal, exactly representable)."""
+    return np.ldexp(np.asarray(ks, dtype=np.float64), TINY_EXP[dt]).astype(np_dtype(dt))
+
+
+def subnormal_cases() -> list[Case]:
+    """Subnormal inputs and results, in every float dtype (SPEC.md section 2: bitwise
+    identical in every framework whatever the calling thread's flush-to-zero /
+    denormals-are-zero mode; kernel-core computes with both off, docs/reliability.md).
+
+    A thread with DAZ reads a subnormal input as zero and one with FTZ writes a subnormal
+    result as zero; the ulps bound's floor (a few smallest *normal* numbers) would accept
+    that zero, so these cases bound the error in units of the smallest *subnormal* instead
+    (``ulps=0`` where the result is exact: a flushed value then fails outright). float32,
+    float64 and bfloat16 subnormals are subnormal in the compute type and catch a flush;
+    float16 subnormals are normal float32 numbers (no flush possible) and are here for the
+    same bits in every dtype."""
+    out: list[Case] = []
+    for dt in FLOAT:
+        m = STEPS[dt]
+        ks = [1, -1, 2, -3, 6, -10, m // 2, -(m // 2), m - 1, -(m - 1), m // 4 + 2, -(m // 4 - 2)]
+        x = _subnormals(dt, ks).reshape(3, 4)
+        y = _subnormals(dt, ks[::-1]).reshape(3, 4)
+        even = _subnormals(dt, [2 * (k // 2) or 2 for k in ks]).reshape(3, 4)
+        # normal + subnormal with a subnormal sum: smallest normal minus k * TINY
+        near = _subnormals(dt, [m, m, -m, m, -m, m]).reshape(2, 3)
+        back = _subnormals(dt, [-1, -(m // 2), 3, -(m - 1), m // 3, -7]).reshape(2, 3)
+        # in units of the smallest subnormal: rtol from the op's ulps, the floor one subnormal
+        # ulp per allowed ulp (not the smallest normal: a flushed result must fail)
+        tiny = 2.0 ** TINY_EXP[dt]
+
+        def sub_tol(op: str) -> tuple[float, float]:
+            u = op_ulps(op)
+            return (u * EPS[dt], u * tiny)
+
+        def c(op, inputs, attrs, desc, **kw):
+            return Case(op, inputs, attrs, _cid(op, dt, f"subnormal,{desc}"), tags=("subnormal",), **kw)
+
+        # softmax rows whose small probabilities are subnormal in dt (exp of a very negative
+        # logit), next to normal ones
+        logits = {
+            "float16": [[0.0, -10.0, -12.0, -15.0, -16.5, 1.0], [-3.0, 0.0, -14.0, -11.0, -16.0, -13.0]],
+            "bfloat16": [[0.0, -88.0, -90.0, -96.0, -100.0, -103.0], [-2.0, 0.0, -92.0, -98.0, -101.0, -89.0]],
+            "float32": [[0.0, -88.0, -90.0, -96.0, -100.0, -103.0], [-2.0, 0.0, -92.0, -98.0, -101.0, -89.0]],
+            "float64": [[0.0, -709.0, -712.0, -720.0, -735.0, -744.0], [-2.0, 0.0, -715.0, -730.0, -740.0, -711.0]],
+        }[dt]
+        out += [
+            c("negate", [x], {}, "exact", ulps=0),
+            c("relu", [x], {}, "exact", ulps=0),
+            c("add", [x, y], {}, "exact", ulps=0),
+            c("add", [near, back], {}, "normal-plus-subnormal", ulps=0),
+            # x * 2^-1 and x * 2^24: exact (even multiples of TINY; a power of two)
+            c("scale", [even], {"alpha": -0.5}, "alpha=-0.5", ulps=0),
+            c("scale", [x], {"alpha": float(2**24)}, "alpha=2^24", ulps=0),
+            c("softmax", [np.array(logits).astype(np_dtype(dt))], {}, "subnormal-probs",
+              tolerance=sub_tol("softmax")),
+            # mean(x^2) is far below eps, so the result is x / sqrt(eps) = x * 1e6: normal for
+            # the larger inputs (DAZ would give 0), subnormal for the smallest (FTZ would give 0)
+            c("rms_norm", [x, None], {"eps": 1e-12}, "eps=1e-12", tolerance=sub_tol("rms_norm")),
+            # a subnormal is not zero (DAZ would compare it equal to 0)
+            c("nonzero", [np.where(np.arange(12).reshape(3, 4) % 3 == 1, np.zeros((), x.dtype), x)], {},
+              "not-zero"),
+        ]
     return out

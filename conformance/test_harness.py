@@ -207,6 +207,38 @@ def test_zero_output_fails_every_small_magnitude_case():
         assert compare_to_reference(c, zeros, exp) is not None, c.id
 
 
+def test_flushed_result_fails_every_subnormal_case():
+    # Negative control for the subnormal cases (docs/reliability.md): what a kernel on a thread
+    # with denormals-are-zero and flush-to-zero gives (subnormal inputs read as 0, subnormal
+    # results written as 0) must fail each float32 / float64 / bfloat16 case. float16
+    # subnormals are normal in the float32 compute type, so nothing flushes there.
+    import cases as stock_cases
+    from polyop.conformance.harness import compare_to_reference, normalize_expected
+    from polyop.conformance.tolerances import SMALLEST_NORMAL
+
+    sub = [c for c in stock_cases.cases() if "subnormal" in c.tags]
+    assert {c.dtype for c in sub} == {"float16", "bfloat16", "float32", "float64"}
+    assert {c.op for c in sub} >= {"negate", "relu", "add", "scale", "softmax", "rms_norm", "nonzero"}
+    checked = 0
+    for c in sub:
+        if c.dtype == "float16":
+            continue
+        tiny = SMALLEST_NORMAL[c.dtype]
+        daz = [None if a is None else np.where(np.abs(a.astype(np.float64)) < tiny, 0.0, a).astype(a.dtype)
+               for a in c.inputs]
+        exp = stock_reference.reference(c.op, list(c.inputs), dict(c.attrs))
+        flushed = []
+        for e, dt, _ in normalize_expected(stock_reference.reference(c.op, daz, dict(c.attrs))):
+            if dt != c.dtype:  # nonzero's int64 indices
+                flushed.append(e)
+                continue
+            r = e.astype(np.asarray(c.inputs[0]).dtype)
+            flushed.append(np.where(np.abs(r.astype(np.float64)) < tiny, 0.0, r).astype(r.dtype))
+        assert compare_to_reference(c, flushed, exp) is not None, c.id
+        checked += 1
+    assert checked >= 24
+
+
 def _numeric_vjp(fwd, inputs, attrs, weights, wrt, h=1e-6):
     """d/d inputs[wrt] of sum_k <weights[k], fwd(inputs)[k]>, by float64 central differences
     of the forward reference."""
