@@ -120,22 +120,18 @@ pub(crate) unsafe fn call(
     // In-place results: the kernel wrote out of place; copy into the aliased input (only now,
     // so a failed kernel leaves the input untouched) and return that input (on meta, just
     // return the input).
-    let mut outputs = Vec::with_capacity(outs.outputs.len());
-    for (t, alias) in outs.outputs.into_iter().zip(&st.alias_of) {
-        outputs.push(match alias {
-            None => t,
-            Some(i) => {
-                let dst = inputs
-                    .get(*i)
-                    .and_then(Option::as_ref)
-                    .ok_or_else(|| Error::internal(format!("aliased input {i} is absent")))?;
-                if !is_meta {
-                    // SAFETY: both handles are valid; same shape and dtype by inference.
-                    check(unsafe { sys::aoti_torch_copy_(dst.0, t.0, 0) }, "copy_")?;
-                }
-                dst.share()?
-            }
-        });
+    let mut outputs = outs.outputs;
+    for (t, alias) in outputs.iter_mut().zip(&st.alias_of) {
+        let Some(i) = alias else { continue };
+        let dst = inputs
+            .get(*i)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::internal(format!("aliased input {i} is absent")))?;
+        if !is_meta {
+            // SAFETY: both handles are valid; same shape and dtype by inference.
+            check(unsafe { sys::aoti_torch_copy_(dst.0, t.0, 0) }, "copy_")?;
+        }
+        *t = dst.share()?;
     }
     for (j, t) in outputs.into_iter().enumerate() {
         // SAFETY: the stack has max(num_args, num_outputs) entries; inputs were consumed.

@@ -301,9 +301,13 @@ pub fn run<'t>(
         // An output that shares memory with an input (XLA `input_output_aliases`) would make
         // the kernel read through a shared view of memory it writes: such inputs are copied
         // first, so views never alias.
-        let copies = unaliased_copies(inputs, &views);
+        let copies = if aliased(inputs, &views) {
+            unaliased_copies(inputs, &views)
+        } else {
+            Vec::new()
+        };
         let unaliased: Vec<Option<TensorRef>>;
-        let inputs = if copies.iter().all(Option::is_none) {
+        let inputs = if copies.is_empty() {
             inputs
         } else {
             unaliased = inputs
@@ -339,6 +343,17 @@ fn byte_range(ptr: *const u8, dtype: DType, shape: &[usize], strides: &[isize]) 
     }
     let base = ptr as isize;
     ((base + lo) as usize, (base + hi) as usize + dtype.size())
+}
+
+/// Whether any input overlaps any output (no allocation: this runs on every call).
+fn aliased(inputs: &[Option<TensorRef>], outputs: &[TensorMut]) -> bool {
+    outputs.iter().any(|o| {
+        let (a, b) = byte_range(o.ptr(), o.dtype, &o.shape, &o.strides);
+        inputs.iter().flatten().any(|t| {
+            let (lo, hi) = byte_range(t.ptr(), t.dtype, &t.shape, &t.strides);
+            lo < b && a < hi
+        })
+    })
 }
 
 /// For each input that overlaps an output: a contiguous copy of it (else `None`).
