@@ -1,0 +1,116 @@
+"""Resource tests of the TensorFlow surface (the raw `tf.load_op_library` module): 100,000
+eager calls with bounded RSS growth, an error on every other call without a leak, 8 threads
+with results bitwise equal to one thread. Helpers and the bound: tests/resource_check.py.
+References: TensorFlow's / NumPy's own ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import polyop.tensorflow as ptf
+from resource_check import (
+    CALLS,
+    LEAK_BOUND,
+    WARMUP,
+    assert_bound_detects_a_64_byte_leak,
+    check_loop,
+    report,
+    rss_growth,
+    run_threads,
+)
+
+M = ptf.load().handle  # the module tf.load_op_library returned
+RNG = np.random.default_rng(17)
+X = tf.constant(RNG.standard_normal(16).astype(np.float32))
+Y = tf.constant(RNG.standard_normal(16).astype(np.float32))
+WANT = (X.numpy() + Y.numpy())
+
+
+def test_the_bound_detects_a_64_byte_leak_per_failing_call():
+    assert_bound_detects_a_64_byte_leak(CALLS // 2)
+
+
+def test_100k_calls_bounded_rss():
+    last = []
+
+    def step(i):
+        out = M.polyop_add(X, Y)
+        if i % 1000 == 0:
+            last[:] = [out]
+
+    check_loop("tensorflow add", step)
+    np.testing.assert_array_equal(last[0].numpy(), WANT)
+
+
+def test_error_on_every_other_call_leaks_nothing_and_good_calls_stay_correct():
+    bad_y = tf.ones(5)
+    counts = {"axis": 0, "broadcast": 0, "good": 0}
+
+    def step(i):
+        if i % 2:
+            if not np.array_equal(M.polyop_add(X, Y).numpy(), WANT):
+                raise AssertionError(f"call {i}: wrong result")
+            counts["good"] += 1
+        elif i % 4:
+            try:
+                M.polyop_softmax(X, axis=5)
+            except tf.errors.InvalidArgumentError as e:
+                assert "polyop.softmax: axis 5 is out of range" in str(e), e
+                counts["axis"] += 1
+        else:
+            try:
+                M.polyop_add(X, bad_y)
+            except tf.errors.InvalidArgumentError as e:
+                assert "polyop.add: shapes [16] and [5] cannot be broadcast" in str(e), e
+                counts["broadcast"] += 1
+
+    # TensorFlow's eager error path itself keeps ~300-650 B per failing op (measured with the
+    # built-in AddV2 failing the same way), so a 64-byte polyop leak per failing call cannot
+    # be told apart here: polyop's growth is bounded by the built-in's plus LEAK_BOUND.
+    halves = rss_growth(step, CALLS)
+    report("tensorflow add + errors", halves)
+    total = CALLS + WARMUP
+    assert counts == {"axis": total // 4, "broadcast": total // 4, "good": total // 2}, counts
+
+    def builtin_step(i):
+        if i % 2:
+            tf.raw_ops.AddV2(x=X, y=Y)
+        else:
+            try:
+                tf.raw_ops.AddV2(x=X, y=bad_y)
+            except tf.errors.InvalidArgumentError as e:
+                assert "Incompatible shapes" in str(e), e
+
+    base = rss_growth(builtin_step, CALLS)
+    report("tensorflow built-in AddV2 + errors (baseline)", base)
+    assert min(halves) < max(base) + LEAK_BOUND, (halves, base)
+
+
+def _work(inputs, reps=25):
+    out = []
+    for _ in range(reps):
+        for x, y in inputs:
+            s = M.polyop_softmax(x, axis=-1)
+            a = M.polyop_add(x, y)
+            v, idx = M.polyop_topk(x, k=5, axis=-1, largest=True)
+            out.append(tuple(t.numpy().tobytes() for t in (s, a, v, idx)))
+    return out
+
+
+def test_eight_threads_bitwise_equal_to_one_thread():
+    rng = np.random.default_rng(5)
+    inputs = [(tf.constant(rng.standard_normal((64, 257)).astype(np.float32)),
+               tf.constant(rng.standard_normal((64, 257)).astype(np.float32))) for _ in range(4)]
+    single = _work(inputs)
+    for (x, y), (s, a, v, idx) in zip(inputs, single[: len(inputs)]):
+        xn = x.numpy()
+        ref = tf.nn.softmax(tf.cast(x, tf.float64), -1).numpy()
+        np.testing.assert_allclose(np.frombuffer(s, np.float32).reshape(xn.shape), ref, rtol=1e-5)
+        np.testing.assert_array_equal(np.frombuffer(a, np.float32).reshape(xn.shape), xn + y.numpy())
+        order = np.argsort(-xn, axis=-1, kind="stable")[:, :5]
+        np.testing.assert_array_equal(np.frombuffer(idx, np.int64).reshape(64, 5), order)
+        np.testing.assert_array_equal(np.frombuffer(v, np.float32).reshape(64, 5), np.take_along_axis(xn, order, -1))
+    results = run_threads(lambda t: _work(inputs))
+    for t, r in enumerate(results):
+        assert r == single, f"thread {t} differs from the single-threaded run"
