@@ -496,3 +496,64 @@ def test_shard_map_rms_norm_over_batch():
     # gradients through shard_map too
     g = jax.grad(lambda x: f(x, w).sum())(x)
     close(g, jax.grad(lambda x: rms_ref(x, w).sum())(x))
+
+
+# ---------------------------------------------------------------------------- zero-element calls
+
+# Invalid calls on inputs with a zero dimension: (what, call(x0) where x0 has a zero dim,
+# call(x) on the same call with non-empty inputs, error type, message fragment).
+ZERO_BAD = [
+    ("k out of range", lambda e: pj.topk(e, k=4), (0, 3), ValueError,
+     "polyop.topk: k=4 is out of range for axis 1 of size 3"),
+    ("bad broadcast", lambda e: pj.add(e, jnp.zeros((e.shape[0], 4), e.dtype)), (0, 3), ValueError,
+     "polyop.add: shapes"),
+    ("bad approximate", lambda e: pj.gelu(e, approximate="fast"), (0,), ValueError,
+     'polyop.gelu: approximate must be "none" or "tanh", got "fast"'),
+    ("axis out of range", lambda e: pj.softmax(e, axis=2), (0, 3), ValueError,
+     "polyop.softmax: axis 2 is out of range for a tensor of rank 2"),
+    ("wrong weight shape", lambda e: pj.rms_norm(e, jnp.ones(4, e.dtype)), (0, 3), ValueError,
+     "polyop.rms_norm: weight must have shape [3]"),
+    ("channel mismatch", lambda e: pj.conv2d(e, jnp.ones((2, 4, 1, 1), e.dtype)), (0, 3, 2, 2),
+     ValueError, "polyop.conv2d: input has 3 channels but weight expects 4"),
+    ("wrong attr type", lambda e: pj.scale(e, alpha="two"), (0, 2), TypeError,
+     "polyop.scale: attribute `alpha` must be float, got str"),
+]
+
+
+@pytest.mark.parametrize("what,fn,shape,etype,needle", ZERO_BAD, ids=[c[0] for c in ZERO_BAD])
+@pytest.mark.parametrize("mode", ["eager", "jit", "eval_shape", "vmap"])
+def test_invalid_zero_element_calls_fail_at_trace_time_like_non_empty_ones(
+    what, fn, shape, etype, needle, mode, monkeypatch
+):
+    """XLA never runs an FFI handler whose results all have zero elements, so a raw ffi_call
+    cannot reject an invalid call with empty results (test_raw_ffi_call_with_zero_element_
+    results_skips_the_handler); polyop.jax validates with shape inference first and raises the
+    same error as for non-empty inputs, before jax.ffi.ffi_call is ever called."""
+    pj.load()
+    calls = []
+    real = jax.ffi.ffi_call
+    monkeypatch.setattr(jax.ffi, "ffi_call", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    run = {"eager": fn, "jit": jax.jit(fn), "eval_shape": lambda x: jax.eval_shape(fn, x),
+           "vmap": lambda x: jax.vmap(fn)(x[None])}[mode]
+    non_empty = tuple(2 if d == 0 else d for d in shape)
+    for s in (shape, non_empty):
+        with pytest.raises(etype) as ei:
+            run(jnp.zeros(s, jnp.float32))
+        assert needle in str(ei.value), (s, str(ei.value))
+    assert calls == [], f"ffi_call reached for an invalid call: {calls}"
+    # a valid zero-element call still works and returns the empty result
+    assert pj.negate(jnp.zeros(shape, jnp.float32)).shape == shape
+
+
+def test_raw_ffi_call_with_zero_element_results_skips_the_handler():
+    """The limitation polyop.jax works around (docs/xla.md): XLA elides a custom call whose
+    results are all empty, so the handler's own check never runs and an invalid raw call
+    returns empty arrays; the same call with non-empty results is rejected by the handler."""
+    pj.load()
+    def raw(rows):
+        out = (jax.ShapeDtypeStruct((rows, 4), jnp.float32), jax.ShapeDtypeStruct((rows, 4), jnp.int64))
+        return jax.ffi.ffi_call("polyop_topk", out)(jnp.zeros((rows, 3), jnp.float32), k=np.int64(4))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"polyop\.topk: k=4 is out of range"):
+        jax.block_until_ready(raw(2))
+    v, i = jax.block_until_ready(raw(0))
+    assert (v.shape, i.shape) == ((0, 4), (0, 4))

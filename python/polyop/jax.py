@@ -467,7 +467,10 @@ def _apply(name: str, tensors, attrs: dict, normalize: bool = True, src: _Src = 
     canon = {k: _hashable_attr(k, name, v) for k, v in full_attrs.items() if v is not None}
     if normalize:
         canon = _normalize_axes(info, xs[0].shape if xs else None, canon)
-    # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages.
+    # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages, before
+    # jax.ffi.ffi_call: XLA never runs a custom call whose results all have zero elements, so
+    # for such a call the handler's own checks would not run and an invalid call would return
+    # empty arrays instead of an error (docs/xla.md, "Zero-element results").
     _infer(name, [_spec(x) for x in _fill(xs, present)], canon, src)
     outs = _op_fn(name, tuple(sorted(canon.items())), present, src)(*xs)
     return outs[0] if info["num_outputs"] == 1 else tuple(outs)
