@@ -42,10 +42,10 @@ test_valid, test_invalid, test_regression, property_case_count, COUNTER = ps.mak
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug: polyop.jax caches op functions by attribute values (functools.lru_cache in "
-    "polyop/jax.py, _op_fn), and 0.0 == -0.0 with equal hashes, so scale(x, alpha=-0.0) after "
-    "scale(x, alpha=0.0) reuses the alpha=0.0 function and returns +0.0; found by the scale "
-    "property test",
+    reason="bug: scale(x, alpha=-0.0) after scale(x, alpha=0.0) returns +0.0 under JAX: polyop's "
+    "own function cache now keys floats by their bits (polyop/jax.py, _cache_key), but JAX's "
+    "compilation cache compares custom-call attributes with ==, and 0.0 == -0.0 with equal "
+    "hashes, so the alpha=0.0 executable is reused; found by the scale property test",
 )
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_negative_zero_attribute(dtype):

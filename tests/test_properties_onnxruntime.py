@@ -26,11 +26,6 @@ def names(op):
     return [f"operator ({polyop.op_info(op)['onnx_name']})"]
 
 
-def trailing_nul(case):
-    """Bug: a string attribute ending in NUL loses it (see test_trailing_nul_in_string_attribute)."""
-    return any(isinstance(v, str) and v.endswith("\x00") for v in case.attrs.values())
-
-
 # Errors: Fail / InvalidArgument from compute, RuntimeException from kernel creation (bad
 # attributes, unsupported dtypes), InvalidGraph from ONNX's checker (a dtype outside the op's
 # type constraints); an unknown keyword argument is refused by polyop.onnxruntime.run
@@ -41,16 +36,11 @@ test_valid, test_invalid, test_regression, property_case_count, COUNTER = ps.mak
     (Fail, InvalidArgument, RuntimeException, InvalidGraph),
     kind_errors={"attr": (TypeError,)},
     names=names,
-    known_bug=trailing_nul,
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a string attribute ending in NUL ('none\\x00') is accepted as 'none' by the "
-    "ai.polyop kernels (the trailing NUL is dropped; an embedded one, 'tanh\\x00x', is kept); "
-    "found by the gelu property test",
-)
+# Found by the gelu property test: a string attribute ending in NUL used to be accepted as the
+# value without it ('none\x00' ran as 'none'); every NUL is now part of the value.
 @pytest.mark.parametrize("value", ["none\x00", "tanh\x00", "none\x00\x00"])
 def test_trailing_nul_in_string_attribute(value):
     case = ps.Case("gelu", [np.ones(2, np.float32)], {"approximate": value})

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 import inspect
 import threading
 from typing import Any
@@ -348,6 +349,27 @@ def _strategy(name, specs, batched, attrs_key, src: _Src = _STOCK) -> str:
 # ---------------------------------------------------------------------------- op functions
 
 
+class _Bits(float):
+    """A float attribute as a cache key: equal only when bit-identical, so ``alpha=-0.0`` does not
+    reuse the function cached for ``alpha=0.0`` (``0.0 == -0.0`` and they hash alike), and a
+    NaN attribute finds its own cached function."""
+
+    def __eq__(self, other):
+        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
+
+    def __hash__(self):
+        return hash(struct.pack("<d", self))
+
+
+def _cache_key(attrs: dict) -> tuple:
+    def bits(v):
+        if type(v) is float:
+            return _Bits(v)
+        return tuple(bits(x) for x in v) if isinstance(v, tuple) else v
+
+    return tuple(sorted((k, bits(v)) for k, v in attrs.items()))
+
+
 @functools.lru_cache(maxsize=4096)
 def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...], src: _Src = _STOCK):
     """The differentiable, batchable JAX function of the present operands of one op call."""
@@ -472,7 +494,7 @@ def _apply(name: str, tensors, attrs: dict, normalize: bool = True, src: _Src = 
     # for such a call the handler's own checks would not run and an invalid call would return
     # empty arrays instead of an error (docs/xla.md, "Zero-element results").
     _infer(name, [_spec(x) for x in _fill(xs, present)], canon, src)
-    outs = _op_fn(name, tuple(sorted(canon.items())), present, src)(*xs)
+    outs = _op_fn(name, _cache_key(canon), present, src)(*xs)
     return outs[0] if info["num_outputs"] == 1 else tuple(outs)
 
 

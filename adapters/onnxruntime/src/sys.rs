@@ -92,12 +92,10 @@ fn dim_from_ort(d: i64) -> Option<usize> {
     usize::try_from(d).ok()
 }
 
-/// A string attribute's bytes as a String, without the C terminator. An embedded NUL stays in
-/// the value (binding then rejects it by name) rather than silently cutting it short.
-pub(crate) fn string_from_buf(mut buf: Vec<u8>) -> String {
-    while buf.last() == Some(&0) {
-        buf.pop();
-    }
+/// A string attribute's bytes as a String. Every NUL is part of the value (binding then
+/// rejects it by name) rather than silently cutting it short; callers remove a C terminator
+/// themselves where the API adds one.
+pub(crate) fn string_from_buf(buf: Vec<u8>) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
@@ -263,7 +261,12 @@ impl Api {
         let f = self.0.KernelInfoGetAttribute_string;
         // SAFETY: `info` is live (this function's contract); `get` passes a buffer of `size`.
         let buf = self.info_array(|p: *mut c_char, n| unsafe { f(info, name.as_ptr(), p, n) })?;
-        Some(string_from_buf(buf.into_iter().map(|c| c as u8).collect()))
+        // The size KernelInfoGetAttribute_string reports includes the C terminator.
+        let mut bytes: Vec<u8> = buf.into_iter().map(|c| c as u8).collect();
+        if bytes.last() == Some(&0) {
+            bytes.pop();
+        }
+        Some(string_from_buf(bytes))
     }
     pub unsafe fn info_ints(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<i64>> {
         let f = self.0.KernelInfoGetAttributeArray_int64;
