@@ -160,6 +160,9 @@ main() {
     done
     run_pytest conformance/test_harness.py 600
     run_pytest conformance/test_conformance.py 3600
+    # polyop's libraries under Valgrind memcheck (NumPy core + ONNX Runtime, about 35 s):
+    # invalid reads/writes, uninitialised values and definite leaks in libpolyop_* / _core.
+    check "valgrind memcheck (ci/memcheck.sh)" 900 bash ci/memcheck.sh
 
     rm -rf "$LOGDIR"
     section "summary ($(($(date +%s) - START))s)"
