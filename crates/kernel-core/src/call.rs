@@ -231,18 +231,11 @@ impl<'t> OutputAllocator<'t> for Tracked<'_, 't> {
                 )))
             }
         }
-        checked_bytes(dtype, shape)?;
+        // Inference checked every known output size; a data-dependent shape is known only now.
+        crate::tensor::checked_byte_size(shape, dtype.size())
+            .map_err(|e| Error::invalid(format!("output {index}: {}", e.message)))?;
         self.host.allocate(index, dtype, shape)
     }
-}
-
-/// The byte size of a tensor, or an error when it does not fit in memory addresses.
-fn checked_bytes(dtype: DType, shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-        .filter(|&b| b <= isize::MAX as usize)
-        .ok_or_else(|| Error::invalid(format!("an output of shape {shape:?} is too large")))
 }
 
 /// Run `op` on `inputs` with the attributes of `site`: validate and infer (through the site's
@@ -292,7 +285,7 @@ pub fn run<'t>(
             let shape = s.shape.as_deref().ok_or_else(|| {
                 Error::internal("shape inference left a dimension unknown for concrete inputs")
             })?;
-            checked_bytes(s.dtype, shape)?;
+            // (sizes were overflow-checked by inference)
             views.push(outputs.allocate(i, s.dtype, shape)?);
         }
         if phase == Phase::ShapesOnly {
@@ -301,11 +294,19 @@ pub fn run<'t>(
         // An output that shares memory with an input (XLA `input_output_aliases`) would make
         // the kernel read through a shared view of memory it writes: such inputs are copied
         // first, so views never alias.
-        let copies = if aliased(inputs, &views) {
-            unaliased_copies(inputs, &views)
-        } else {
-            Vec::new()
-        };
+        let copies: Vec<Option<OwnedTensor>> =
+            if inputs.iter().flatten().any(|t| overlaps(t, &views)) {
+                inputs
+                    .iter()
+                    .map(|t| {
+                        t.as_ref()
+                            .filter(|t| overlaps(t, &views))
+                            .map(OwnedTensor::copy_of)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
         let unaliased: Vec<Option<TensorRef>>;
         let inputs = if copies.is_empty() {
             inputs
@@ -313,10 +314,7 @@ pub fn run<'t>(
             unaliased = inputs
                 .iter()
                 .zip(&copies)
-                .map(|(t, c)| match c {
-                    Some(c) => Some(c.view()),
-                    None => t.clone(),
-                })
+                .map(|(t, c)| c.as_ref().map(OwnedTensor::view).or_else(|| t.clone()))
                 .collect();
             &unaliased
         };
@@ -345,36 +343,13 @@ fn byte_range(ptr: *const u8, dtype: DType, shape: &[usize], strides: &[isize]) 
     ((base + lo) as usize, (base + hi) as usize + dtype.size())
 }
 
-/// Whether any input overlaps any output (no allocation: this runs on every call).
-fn aliased(inputs: &[Option<TensorRef>], outputs: &[TensorMut]) -> bool {
+/// Whether input `t` shares memory with any output (no allocation: this runs on every call).
+fn overlaps(t: &TensorRef, outputs: &[TensorMut]) -> bool {
+    let (lo, hi) = byte_range(t.ptr(), t.dtype, &t.shape, &t.strides);
     outputs.iter().any(|o| {
         let (a, b) = byte_range(o.ptr(), o.dtype, &o.shape, &o.strides);
-        inputs.iter().flatten().any(|t| {
-            let (lo, hi) = byte_range(t.ptr(), t.dtype, &t.shape, &t.strides);
-            lo < b && a < hi
-        })
+        lo < b && a < hi
     })
-}
-
-/// For each input that overlaps an output: a contiguous copy of it (else `None`).
-fn unaliased_copies(
-    inputs: &[Option<TensorRef>],
-    outputs: &[TensorMut],
-) -> Vec<Option<OwnedTensor>> {
-    let outs: Vec<(usize, usize)> = outputs
-        .iter()
-        .map(|o| byte_range(o.ptr(), o.dtype, &o.shape, &o.strides))
-        .collect();
-    inputs
-        .iter()
-        .map(|t| {
-            let t = t.as_ref()?;
-            let (lo, hi) = byte_range(t.ptr(), t.dtype, &t.shape, &t.strides);
-            outs.iter()
-                .any(|&(a, b)| lo < b && a < hi)
-                .then(|| OwnedTensor::copy_of(t))
-        })
-        .collect()
 }
 
 /// Run `f` at an FFI boundary: a polyop error or a panic becomes `sink(error)` (the
