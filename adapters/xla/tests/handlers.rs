@@ -1,70 +1,14 @@
 //! The generic handler driven through hand-built call frames and a fake `XLA_FFI_Api` (no
 //! JAX needed): exports, metadata/version query, attributes, optional operands, errors.
 
+mod common;
+
+use common::{buffer, fake_api, take_error, Buf, Handler, RawAttr};
 use polyop_xla::sys;
 use polyop_xla::{xla_handlers, EXPORTED_OPS};
-use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
 
-/// Fake errors: a boxed (code, message).
-struct FakeError(u32, String);
-
-unsafe extern "C" fn fake_error_create(
-    args: *mut sys::XLA_FFI_Error_Create_Args,
-) -> *mut sys::XLA_FFI_Error {
-    // SAFETY: the adapter calls `XLA_FFI_Error_Create` with a valid argument struct.
-    let a = unsafe { &*args };
-    // SAFETY: its `message` is a NUL-terminated string alive across the call.
-    let msg = unsafe { CStr::from_ptr(a.message) }
-        .to_string_lossy()
-        .into_owned();
-    Box::into_raw(Box::new(FakeError(a.errc, msg))) as *mut sys::XLA_FFI_Error
-}
-
-fn fake_api(major: i32, minor: i32) -> sys::XLA_FFI_Api {
-    // SAFETY: every field is an integer, a raw pointer or an Option<fn>; zero is valid.
-    let mut api: sys::XLA_FFI_Api = unsafe { std::mem::zeroed() };
-    api.struct_size = sys::XLA_FFI_Api_STRUCT_SIZE as usize;
-    api.api_version = sys::XLA_FFI_Api_Version {
-        struct_size: sys::XLA_FFI_Api_Version_STRUCT_SIZE as usize,
-        extension_start: null_mut(),
-        major_version: major,
-        minor_version: minor,
-    };
-    api.XLA_FFI_Error_Create = Some(fake_error_create);
-    api
-}
-
-fn take_error(e: *mut sys::XLA_FFI_Error) -> Option<(u32, String)> {
-    if e.is_null() {
-        None
-    } else {
-        // SAFETY: in these tests every error comes from `fake_error_create` (the only error
-        // constructor of `fake_api`), a leaked `Box<FakeError>`, and each is taken once.
-        let b = unsafe { Box::from_raw(e as *mut FakeError) };
-        Some((b.0, b.1))
-    }
-}
-
-struct Buf {
-    buf: sys::XLA_FFI_Buffer,
-    _dims: Vec<i64>,
-}
-
-fn buffer(dtype: sys::XLA_FFI_DataType, dims: &[i64], data: *mut c_void) -> Box<Buf> {
-    let mut b = Box::new(Buf {
-        // SAFETY: every field of `XLA_FFI_Buffer` is an integer or a raw pointer; zero is valid.
-        buf: unsafe { std::mem::zeroed() },
-        _dims: dims.to_vec(),
-    });
-    b.buf.struct_size = sys::XLA_FFI_Buffer_STRUCT_SIZE as usize;
-    b.buf.dtype = dtype;
-    b.buf.data = data;
-    b.buf.rank = dims.len() as i64;
-    b.buf.dims = b._dims.as_mut_ptr();
-    b
-}
-
+/// `name=value` attributes for [`call`].
 enum Attr {
     I64(i64),
     Str(String),
@@ -72,104 +16,20 @@ enum Attr {
 
 /// Call `handler` with the given operand/result buffers and attributes.
 fn call(
-    handler: unsafe extern "C" fn(*mut sys::XLA_FFI_CallFrame) -> *mut sys::XLA_FFI_Error,
+    handler: Handler,
     api: &sys::XLA_FFI_Api,
     args: &mut [Box<Buf>],
     rets: &mut [Box<Buf>],
     attrs: &[(&str, Attr)],
 ) -> Option<(u32, String)> {
-    let mut arg_types = vec![sys::XLA_FFI_ArgType_XLA_FFI_ArgType_BUFFER; args.len()];
-    let mut arg_ptrs: Vec<*mut c_void> = args
-        .iter_mut()
-        .map(|b| &mut b.buf as *mut _ as *mut c_void)
-        .collect();
-    let mut ret_types = vec![sys::XLA_FFI_RetType_XLA_FFI_RetType_BUFFER; rets.len()];
-    let mut ret_ptrs: Vec<*mut c_void> = rets
-        .iter_mut()
-        .map(|b| &mut b.buf as *mut _ as *mut c_void)
-        .collect();
-    // Attribute storage.
-    let mut names: Vec<sys::XLA_FFI_ByteSpan> = attrs
+    let raw: Vec<RawAttr> = attrs
         .iter()
-        .map(|(n, _)| sys::XLA_FFI_ByteSpan {
-            ptr: n.as_ptr() as *const _,
-            len: n.len(),
+        .map(|(n, a)| match a {
+            Attr::I64(i) => RawAttr::i64(n, *i),
+            Attr::Str(s) => RawAttr::str(n, s),
         })
         .collect();
-    let mut name_ptrs: Vec<*mut sys::XLA_FFI_ByteSpan> =
-        names.iter_mut().map(|n| n as *mut _).collect();
-    let mut ints: Vec<i64> = attrs
-        .iter()
-        .map(|(_, a)| if let Attr::I64(i) = a { *i } else { 0 })
-        .collect();
-    let mut scalars: Vec<sys::XLA_FFI_Scalar> = ints
-        .iter_mut()
-        .map(|i| sys::XLA_FFI_Scalar {
-            dtype: sys::XLA_FFI_DataType_XLA_FFI_DataType_S64,
-            value: i as *mut i64 as *mut c_void,
-        })
-        .collect();
-    let mut spans: Vec<sys::XLA_FFI_ByteSpan> = attrs
-        .iter()
-        .map(|(_, a)| match a {
-            Attr::Str(s) => sys::XLA_FFI_ByteSpan {
-                ptr: s.as_ptr() as *const _,
-                len: s.len(),
-            },
-            _ => sys::XLA_FFI_ByteSpan {
-                ptr: std::ptr::null(),
-                len: 0,
-            },
-        })
-        .collect();
-    let mut attr_types = Vec::new();
-    let mut attr_ptrs: Vec<*mut c_void> = Vec::new();
-    for (i, (_, a)) in attrs.iter().enumerate() {
-        match a {
-            Attr::I64(_) => {
-                attr_types.push(sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR);
-                attr_ptrs.push(&mut scalars[i] as *mut _ as *mut c_void);
-            }
-            Attr::Str(_) => {
-                attr_types.push(sys::XLA_FFI_AttrType_XLA_FFI_AttrType_STRING);
-                attr_ptrs.push(&mut spans[i] as *mut _ as *mut c_void);
-            }
-        }
-    }
-    let mut frame = sys::XLA_FFI_CallFrame {
-        struct_size: sys::XLA_FFI_CallFrame_STRUCT_SIZE as usize,
-        extension_start: null_mut(),
-        api,
-        ctx: null_mut(),
-        stage: sys::XLA_FFI_ExecutionStage_XLA_FFI_ExecutionStage_EXECUTE,
-        args: sys::XLA_FFI_Args {
-            struct_size: sys::XLA_FFI_Args_STRUCT_SIZE as usize,
-            extension_start: null_mut(),
-            size: args.len() as i64,
-            types: arg_types.as_mut_ptr(),
-            args: arg_ptrs.as_mut_ptr(),
-        },
-        rets: sys::XLA_FFI_Rets {
-            struct_size: sys::XLA_FFI_Rets_STRUCT_SIZE as usize,
-            extension_start: null_mut(),
-            size: rets.len() as i64,
-            types: ret_types.as_mut_ptr(),
-            rets: ret_ptrs.as_mut_ptr(),
-        },
-        attrs: sys::XLA_FFI_Attrs {
-            struct_size: sys::XLA_FFI_Attrs_STRUCT_SIZE as usize,
-            extension_start: null_mut(),
-            size: attrs.len() as i64,
-            types: attr_types.as_mut_ptr(),
-            names: name_ptrs.as_mut_ptr(),
-            attrs: attr_ptrs.as_mut_ptr(),
-        },
-        future: null_mut(),
-    };
-    // SAFETY: `frame` is a complete call frame: every array holds `size` entries, each entry
-    // points to a value of the declared type, and all of it (buffers, dims, attribute
-    // storage, `api`) outlives the call.
-    take_error(unsafe { handler(&mut frame) })
+    common::call(handler, api, args, rets, &raw)
 }
 
 const F32: sys::XLA_FFI_DataType = sys::XLA_FFI_DataType_XLA_FFI_DataType_F32;

@@ -5,205 +5,19 @@
 //! UTF-8, empty arrays). A handler must return success or an error naming the op (never a
 //! panic, which would abort this process across the `extern "C"` boundary); success is only
 //! allowed when every attribute name belongs to the op; and the next valid call still works.
-//! The fake `XLA_FFI_Api` and frame layout are those of `tests/handlers.rs`.
+//! The fake `XLA_FFI_Api` and frames come from `tests/common`, shared with `tests/handlers.rs`.
 
 // The bindgen constant names are used unqualified in `elem_size`.
 #![allow(non_upper_case_globals)]
 
+mod common;
+
+use common::{call, fake_api, zeros, Buf, Handler, RawAttr};
 use polyop_xla::sys;
 use polyop_xla::xla_handlers;
-use std::ffi::{c_void, CStr};
-use std::ptr::null_mut;
-
-type Handler = unsafe extern "C" fn(*mut sys::XLA_FFI_CallFrame) -> *mut sys::XLA_FFI_Error;
 
 /// Frames tried per op.
 const FRAMES_PER_OP: usize = 3000;
-
-struct FakeError(u32, String);
-
-unsafe extern "C" fn fake_error_create(
-    args: *mut sys::XLA_FFI_Error_Create_Args,
-) -> *mut sys::XLA_FFI_Error {
-    // SAFETY: the adapter calls `XLA_FFI_Error_Create` with a valid argument struct.
-    let a = unsafe { &*args };
-    // SAFETY: its `message` is a NUL-terminated string alive across the call.
-    let msg = unsafe { CStr::from_ptr(a.message) }
-        .to_string_lossy()
-        .into_owned();
-    Box::into_raw(Box::new(FakeError(a.errc, msg))) as *mut sys::XLA_FFI_Error
-}
-
-fn fake_api() -> sys::XLA_FFI_Api {
-    // SAFETY: every field is an integer, a raw pointer or an Option<fn>; zero is valid.
-    let mut api: sys::XLA_FFI_Api = unsafe { std::mem::zeroed() };
-    api.struct_size = sys::XLA_FFI_Api_STRUCT_SIZE as usize;
-    api.api_version = sys::XLA_FFI_Api_Version {
-        struct_size: sys::XLA_FFI_Api_Version_STRUCT_SIZE as usize,
-        extension_start: null_mut(),
-        major_version: polyop_xla::API_MAJOR,
-        minor_version: polyop_xla::API_MINOR,
-    };
-    api.XLA_FFI_Error_Create = Some(fake_error_create);
-    api
-}
-
-fn take_error(e: *mut sys::XLA_FFI_Error) -> Option<(u32, String)> {
-    if e.is_null() {
-        None
-    } else {
-        // SAFETY: every error here comes from `fake_error_create`, a leaked
-        // `Box<FakeError>`, and each is taken once.
-        let b = unsafe { Box::from_raw(e as *mut FakeError) };
-        Some((b.0, b.1))
-    }
-}
-
-/// A buffer of f32 or s64 zeros (owned) with its dims.
-struct Buf {
-    buf: sys::XLA_FFI_Buffer,
-    dims: Vec<i64>,
-    data: Vec<u64>,
-}
-
-fn buffer(dtype: sys::XLA_FFI_DataType, dims: &[i64]) -> Box<Buf> {
-    let n: i64 = dims.iter().product();
-    let mut b = Box::new(Buf {
-        // SAFETY: every field of `XLA_FFI_Buffer` is an integer or a raw pointer; zero is valid.
-        buf: unsafe { std::mem::zeroed() },
-        dims: dims.to_vec(),
-        data: vec![0; n.max(1) as usize], // 8 bytes per element: enough for f32 and s64
-    });
-    b.buf.struct_size = sys::XLA_FFI_Buffer_STRUCT_SIZE as usize;
-    b.buf.dtype = dtype;
-    b.buf.data = b.data.as_mut_ptr() as *mut c_void;
-    b.buf.rank = dims.len() as i64;
-    b.buf.dims = b.dims.as_mut_ptr();
-    b
-}
-
-/// One attribute as a frame holds it: kind (`XLA_FFI_AttrType`), element type, and the bytes
-/// of the value (one scalar, the array elements, or the string).
-#[derive(Debug, Clone)]
-struct RawAttr {
-    name: Vec<u8>,
-    kind: sys::XLA_FFI_AttrType,
-    dtype: sys::XLA_FFI_DataType,
-    elems: usize,
-    bytes: Vec<u8>,
-}
-
-/// Call `handler` with operands, results and attributes.
-fn call(
-    handler: Handler,
-    api: &sys::XLA_FFI_Api,
-    args: &mut [Box<Buf>],
-    rets: &mut [Box<Buf>],
-    attrs: &[RawAttr],
-) -> Option<(u32, String)> {
-    let mut arg_types = vec![sys::XLA_FFI_ArgType_XLA_FFI_ArgType_BUFFER; args.len()];
-    let mut arg_ptrs: Vec<*mut c_void> = args
-        .iter_mut()
-        .map(|b| &mut b.buf as *mut _ as *mut c_void)
-        .collect();
-    let mut ret_types = vec![sys::XLA_FFI_RetType_XLA_FFI_RetType_BUFFER; rets.len()];
-    let mut ret_ptrs: Vec<*mut c_void> = rets
-        .iter_mut()
-        .map(|b| &mut b.buf as *mut _ as *mut c_void)
-        .collect();
-    // Value storage: 8-byte aligned, at least 16 bytes, so a scalar of any declared type reads
-    // inside it.
-    let mut storage: Vec<Vec<u64>> = attrs
-        .iter()
-        .map(|a| {
-            let mut v = vec![0u64; a.bytes.len().div_ceil(8).max(2)];
-            // SAFETY: `v` has at least `a.bytes.len()` bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    a.bytes.as_ptr(),
-                    v.as_mut_ptr() as *mut u8,
-                    a.bytes.len(),
-                )
-            };
-            v
-        })
-        .collect();
-    let mut names: Vec<sys::XLA_FFI_ByteSpan> = attrs
-        .iter()
-        .map(|a| sys::XLA_FFI_ByteSpan {
-            ptr: a.name.as_ptr() as *const _,
-            len: a.name.len(),
-        })
-        .collect();
-    let mut name_ptrs: Vec<*mut sys::XLA_FFI_ByteSpan> =
-        names.iter_mut().map(|n| n as *mut _).collect();
-    let mut scalars: Vec<sys::XLA_FFI_Scalar> = Vec::new();
-    let mut spans: Vec<sys::XLA_FFI_ByteSpan> = Vec::new();
-    let mut arrays: Vec<sys::XLA_FFI_Array> = Vec::new();
-    for (a, s) in attrs.iter().zip(storage.iter_mut()) {
-        let p = s.as_mut_ptr() as *mut c_void;
-        scalars.push(sys::XLA_FFI_Scalar {
-            dtype: a.dtype,
-            value: p,
-        });
-        spans.push(sys::XLA_FFI_ByteSpan {
-            ptr: p as *const _,
-            len: a.bytes.len(),
-        });
-        arrays.push(sys::XLA_FFI_Array {
-            dtype: a.dtype,
-            size: a.elems,
-            data: p,
-        });
-    }
-    let mut attr_types: Vec<sys::XLA_FFI_AttrType> = attrs.iter().map(|a| a.kind).collect();
-    let mut attr_ptrs: Vec<*mut c_void> = Vec::new();
-    for (i, a) in attrs.iter().enumerate() {
-        attr_ptrs.push(match a.kind {
-            sys::XLA_FFI_AttrType_XLA_FFI_AttrType_SCALAR => {
-                &mut scalars[i] as *mut _ as *mut c_void
-            }
-            sys::XLA_FFI_AttrType_XLA_FFI_AttrType_ARRAY => &mut arrays[i] as *mut _ as *mut c_void,
-            // strings, and the kinds the adapter must refuse without reading (a dictionary,
-            // an unknown kind): a byte span, so even a wrong read stays in bounds
-            _ => &mut spans[i] as *mut _ as *mut c_void,
-        });
-    }
-    let mut frame = sys::XLA_FFI_CallFrame {
-        struct_size: sys::XLA_FFI_CallFrame_STRUCT_SIZE as usize,
-        extension_start: null_mut(),
-        api,
-        ctx: null_mut(),
-        stage: sys::XLA_FFI_ExecutionStage_XLA_FFI_ExecutionStage_EXECUTE,
-        args: sys::XLA_FFI_Args {
-            struct_size: sys::XLA_FFI_Args_STRUCT_SIZE as usize,
-            extension_start: null_mut(),
-            size: args.len() as i64,
-            types: arg_types.as_mut_ptr(),
-            args: arg_ptrs.as_mut_ptr(),
-        },
-        rets: sys::XLA_FFI_Rets {
-            struct_size: sys::XLA_FFI_Rets_STRUCT_SIZE as usize,
-            extension_start: null_mut(),
-            size: rets.len() as i64,
-            types: ret_types.as_mut_ptr(),
-            rets: ret_ptrs.as_mut_ptr(),
-        },
-        attrs: sys::XLA_FFI_Attrs {
-            struct_size: sys::XLA_FFI_Attrs_STRUCT_SIZE as usize,
-            extension_start: null_mut(),
-            size: attrs.len() as i64,
-            types: attr_types.as_mut_ptr(),
-            names: name_ptrs.as_mut_ptr(),
-            attrs: attr_ptrs.as_mut_ptr(),
-        },
-        future: null_mut(),
-    };
-    // SAFETY: `frame` is complete: every array holds `size` entries, each entry points to a
-    // value of the declared kind whose data (scalar storage of >= 16 bytes, `elems` elements
-    // of at most 8 bytes for arrays, `len` bytes for spans) is alive for the call.
-    take_error(unsafe { handler(&mut frame) })
-}
 
 /// xorshift64*: a fixed-seed generator (no dependency; every run tries the same frames).
 struct Rng(u64);
@@ -403,14 +217,14 @@ fn setups() -> Vec<Setup> {
 }
 
 fn run(s: &Setup, api: &sys::XLA_FFI_Api, attrs: &[RawAttr]) -> Option<(u32, String)> {
-    let mut args: Vec<Box<Buf>> = s.args.iter().map(|(d, dims)| buffer(*d, dims)).collect();
-    let mut rets: Vec<Box<Buf>> = s.rets.iter().map(|(d, dims)| buffer(*d, dims)).collect();
+    let mut args: Vec<Box<Buf>> = s.args.iter().map(|(d, dims)| zeros(*d, dims)).collect();
+    let mut rets: Vec<Box<Buf>> = s.rets.iter().map(|(d, dims)| zeros(*d, dims)).collect();
     call(s.handler, api, &mut args, &mut rets, attrs)
 }
 
 #[test]
 fn random_attributes_give_errors_naming_the_op_never_a_panic() {
-    let api = fake_api();
+    let api = fake_api(polyop_xla::API_MAJOR, polyop_xla::API_MINOR);
     let reg = polyop_kernels::registry();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (mut accepted, mut refused) = (0usize, 0usize);
