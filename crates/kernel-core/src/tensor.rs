@@ -482,33 +482,23 @@ impl OwnedTensor {
     /// A contiguous copy of a (possibly strided) view, element by element.
     pub fn copy_of(t: &TensorRef) -> Self {
         let mut out = OwnedTensor::zeros(t.dtype, &t.shape);
-        let (size, n) = (t.dtype.size(), t.numel());
-        let dst = out.storage.as_mut_ptr() as *mut u8;
-        let mut idx = vec![0usize; t.rank()];
-        for k in 0..n {
-            let off: isize = idx
-                .iter()
-                .zip(&t.strides)
-                .map(|(&i, &s)| i as isize * s)
-                .sum();
-            // SAFETY: `idx` is within `t.shape`, so `off` elements from `t.ptr()` is an offset
-            // the view's contract makes readable; `dst` has room for `n` elements of `size`
-            // bytes, and the two buffers are distinct allocations.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    t.ptr().offset(off * size as isize),
-                    dst.add(k * size),
-                    size,
-                )
-            };
-            for d in (0..idx.len()).rev() {
-                idx[d] += 1;
-                if idx[d] < t.shape[d] {
-                    break;
+        let size = t.dtype.size() as isize;
+        let mut dst = out.storage.as_mut_ptr() as *mut u8;
+        for_each_row(&t.shape, &t.strides, |base, len, stride| {
+            for j in 0..len as isize {
+                // SAFETY: `base + j * stride` is the element offset of an index within
+                // `t.shape` (for_each_row), readable by the view's contract; `dst` walks `out`,
+                // which has room for every element of `t`, and the buffers are distinct.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        t.ptr().offset((base + j * stride) * size),
+                        dst,
+                        size as usize,
+                    );
+                    dst = dst.add(size as usize);
                 }
-                idx[d] = 0;
             }
-        }
+        });
         out
     }
     pub fn numel(&self) -> usize {

@@ -81,3 +81,20 @@ fn strided_and_disjoint_views_are_not_copied_needlessly() {
     .unwrap();
     assert_eq!(y, [3.0, 2.0, 1.0]);
 }
+
+#[test]
+fn copy_of_a_strided_view_is_its_row_major_contents() {
+    // [[0, 1, 2], [3, 4, 5]] viewed transposed: [[0, 3], [1, 4], [2, 5]].
+    let x = [0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0];
+    let t = TensorRef::from_slice(&x, &[2, 3])
+        .unwrap()
+        .restrided(vec![3, 2], vec![1, 3]);
+    let c = OwnedTensor::copy_of(&t);
+    assert_eq!(c.shape, [3, 2]);
+    assert_eq!(c.as_slice::<f32>().unwrap(), [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    // rank 0 and empty
+    let s = OwnedTensor::copy_of(&TensorRef::from_slice(&x[4..5], &[]).unwrap());
+    assert_eq!(s.as_slice::<f32>().unwrap(), [4.0]);
+    let e = OwnedTensor::copy_of(&TensorRef::from_slice(&x[..0], &[0, 3]).unwrap());
+    assert_eq!(e.numel(), 0);
+}
