@@ -612,7 +612,13 @@ fn shape_strategy() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    // Fixed seed: CI runs the same cases every time (docs/testing.md, "Property tests").
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(3614),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn prop_add_broadcast_matches_naive((sa, sb) in shape_strategy(), seed in any::<u64>(), strided in any::<bool>()) {
         let mut rng = XRng::new(seed);

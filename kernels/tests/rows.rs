@@ -599,7 +599,13 @@ fn topk_gradients_and_threads() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(150))]
+    // Fixed seed: CI runs the same cases every time (docs/testing.md, "Property tests").
+    #![proptest_config(ProptestConfig {
+        cases: 150,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(8421),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn prop_topk_matches_full_sort(n in 0usize..40, rows in 1usize..4, kf in 0.0f64..=1.0, largest in any::<bool>(), seed in any::<u64>(), with_nan in any::<bool>()) {
         let mut rng = XRng::new(seed);

@@ -115,6 +115,11 @@ impl fmt::Display for Schema {
                 (ArgType::Tensor, Some(al)) => {
                     write!(f, "Tensor({}{})", al.set, if al.write { "!" } else { "" })?
                 }
+                // `Tensor(a!)?`: the parser keeps an optional tensor's alias, so Display must too
+                // or a round trip loses it.
+                (ArgType::OptionalTensor, Some(al)) => {
+                    write!(f, "Tensor({}{})?", al.set, if al.write { "!" } else { "" })?
+                }
                 (ty, _) => f.write_str(ty.schema_name())?,
             }
             write!(f, " {}", a.name)?;
@@ -470,6 +475,7 @@ mod tests {
             "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)",
             "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06) -> Tensor",
             "relu_(Tensor(a!) x) -> Tensor(a!)",
+            "f(Tensor(a!) x, Tensor(b)? y=None) -> Tensor(a!)",
             "gelu(Tensor x, str approximate=\"none\") -> Tensor",
         ] {
             let s = Schema::parse(text).unwrap();
