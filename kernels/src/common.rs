@@ -5,8 +5,8 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use kernel_core::{
-    broadcast_strides, numel, parallel_for, Dim, Element, Error, Result, ShapeOut, TensorMut,
-    TensorRef, ThreadPool,
+    broadcast_strides, numel, parallel_for, Element, Error, Result, TensorMut, TensorRef,
+    ThreadPool,
 };
 use std::ops::Range;
 
@@ -690,62 +690,6 @@ pub fn zip_map<T: Scalar, const N: usize>(
         });
     });
     Ok(())
-}
-
-/// Broadcast two shapes with possibly unknown dims (NumPy rules). Known dims that clash are an
-/// error; an unknown dim against 1 is unknown, against a known `d != 1` is `d`.
-pub fn broadcast_dims(a: Option<&[Dim]>, b: Option<&[Dim]>) -> Result<ShapeOut> {
-    let (Some(a), Some(b)) = (a, b) else {
-        return Ok(None);
-    };
-    let rank = a.len().max(b.len());
-    let get = |s: &[Dim], i: usize| {
-        if i + s.len() >= rank {
-            s[i + s.len() - rank]
-        } else {
-            Some(1)
-        }
-    };
-    let mut out = Vec::with_capacity(rank);
-    for i in 0..rank {
-        let (da, db) = (get(a, i), get(b, i));
-        out.push(match (da, db) {
-            (Some(x), Some(y)) if x == y => Some(x),
-            (Some(1), d) | (d, Some(1)) => d,
-            (Some(x), Some(y)) => {
-                return Err(Error::invalid(format!(
-                    "shapes {} and {} cannot be broadcast together (dim {x} vs {y})",
-                    fmt_dims(a),
-                    fmt_dims(b)
-                )))
-            }
-            (Some(x), None) | (None, Some(x)) => Some(x),
-            (None, None) => None,
-        });
-    }
-    Ok(Some(out))
-}
-
-/// `[2, ?, 4]`.
-pub fn fmt_dims(d: &[Dim]) -> String {
-    let parts: Vec<String> = d
-        .iter()
-        .map(|d| d.map_or("?".to_string(), |v| v.to_string()))
-        .collect();
-    format!("[{}]", parts.join(", "))
-}
-
-/// Check that `got` can be `want` (unknown dims match anything).
-pub fn dims_compatible(want: Option<&[Dim]>, got: Option<&[Dim]>) -> bool {
-    match (want, got) {
-        (Some(w), Some(g)) => {
-            w.len() == g.len()
-                && w.iter()
-                    .zip(g)
-                    .all(|(a, b)| a.is_none() || b.is_none() || a == b)
-        }
-        _ => true,
-    }
 }
 
 /// The lanes of a tensor along `axis`: every 1-D line through the tensor in that direction, in

@@ -7,9 +7,10 @@
 //! gradient: batch x input channel), and every `gemm` call runs with `Parallelism::None`, so
 //! results do not depend on the thread count.
 
-use crate::common::{fmt_dims, in_ptr, with_float, Num, OutPtr, Real, Scalar};
+use crate::common::{in_ptr, with_float, Num, OutPtr, Real, Scalar};
 use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
+use kernel_core::fmt_dims;
 use kernel_core::{
     parallel_for, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
     TensorRef,
@@ -67,8 +68,8 @@ fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>>
             i32::MAX
         )));
     }
-    let (s, p) = (stride as usize, padding as usize);
-    let unknown = vec![None; 4];
+    let (s, p) = (Dim::Known(stride as usize), padding as usize);
+    let unknown = vec![Dim::Unknown; 4];
     let x = ctx.dims(xi).map(<[Dim]>::to_vec);
     let w = ctx.dims(wi).map(<[Dim]>::to_vec);
     if let Some(x) = &x {
@@ -89,53 +90,49 @@ fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>>
     }
     let x = x.unwrap_or_else(|| unknown.clone());
     let w = w.unwrap_or(unknown);
-    if let (Some(c), Some(wc)) = (x[1], w[1]) {
-        if c != wc {
-            return Err(Error::invalid(format!(
-                "input has {c} channels but weight expects {wc}"
-            )));
-        }
-    }
+    ctx.require_eq(&x[1], &w[1], || {
+        format!("input has {} channels but weight expects {}", x[1], w[1])
+    })?;
     if let Some(b) = ctx.input_opt(bi).and_then(|b| b.shape.as_deref()) {
-        let ok = b.len() == 1 && (b[0].is_none() || w[0].is_none() || b[0] == w[0]);
-        if !ok {
-            let want = w[0].map_or("[O]".to_string(), |o| format!("[{o}]"));
-            return Err(Error::invalid(format!(
+        let msg = || {
+            let want = match &w[0] {
+                Dim::Unknown => "[O]".to_string(),
+                o => format!("[{o}]"),
+            };
+            format!(
                 "bias must have shape {want} (the output channels of weight), got {}",
                 fmt_dims(b)
-            )));
+            )
+        };
+        match b {
+            [o] => ctx.require_eq(o, &w[0], msg)?,
+            _ => return Err(Error::invalid(msg())),
         }
     }
-    // Checked: a (possibly huge) input dim from a caller's shape spec must not wrap.
-    let padded = |h: usize| {
-        h.checked_add(2 * p).ok_or_else(|| {
-            Error::invalid(format!(
-                "input size {h} with padding {p} overflows a 64-bit integer"
-            ))
+    // Checked arithmetic: a (possibly huge) input dim from a caller's shape spec must not wrap.
+    let padded: Vec<Dim> = [2, 3]
+        .iter()
+        .map(|&i| {
+            x[i].add(&Dim::Known(2 * p)).map_err(|_| {
+                Error::invalid(format!(
+                    "input size {} with padding {p} overflows a 64-bit integer",
+                    x[i]
+                ))
+            })
         })
-    };
+        .collect::<Result<_>>()?;
     let spatial = |i: usize| -> Result<Dim> {
-        match (x[i], w[i]) {
-            (Some(h), Some(k)) => {
-                let hp = padded(h)?;
-                if hp < k {
-                    Err(Error::invalid(format!(
-                        "kernel size {}x{} is larger than the padded input {}x{} (input {}x{} with padding {p})",
-                        w[2].map_or("?".into(), |v| v.to_string()),
-                        w[3].map_or("?".into(), |v| v.to_string()),
-                        x[2].map_or("?".into(), |v| v.saturating_add(2 * p).to_string()),
-                        x[3].map_or("?".into(), |v| v.saturating_add(2 * p).to_string()),
-                        x[2].map_or("?".into(), |v| v.to_string()),
-                        x[3].map_or("?".into(), |v| v.to_string()),
-                    )))
-                } else {
-                    Ok(Some((hp - k) / s + 1))
-                }
-            }
-            _ => Ok(None),
-        }
+        let hp = &padded[i - 2];
+        ctx.require_le(&w[i], hp, || {
+            format!(
+                "kernel size {}x{} is larger than the padded input {}x{} (input {}x{} with padding {p})",
+                w[2], w[3], padded[0], padded[1], x[2], x[3],
+            )
+        })?;
+        // (H + 2p - kH) // stride + 1
+        hp.sub(&w[i])?.floor_div(&s)?.add(&Dim::Known(1))
     };
-    Ok(vec![x[0], w[0], spatial(2)?, spatial(3)?])
+    Ok(vec![x[0].clone(), w[0].clone(), spatial(2)?, spatial(3)?])
 }
 
 fn conv2d_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
@@ -144,14 +141,17 @@ fn conv2d_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
 
 fn conv2d_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     let out = conv_out(ctx, 1, 2, 3)?;
-    if !crate::common::dims_compatible(Some(&out), ctx.dims(0)) {
-        return Err(Error::invalid(format!(
+    ctx.require_shape(Some(&out), ctx.dims(0), || {
+        format!(
             "grad has shape {} but the conv2d output has shape {}",
             fmt_dims(ctx.dims(0).unwrap_or_default()),
             fmt_dims(&out)
-        )));
-    }
-    let o = ctx.dims(2).and_then(|w| w.first().copied().flatten());
+        )
+    })?;
+    let o = ctx
+        .dims(2)
+        .and_then(|w| w.first().cloned())
+        .unwrap_or(Dim::Unknown);
     Ok(vec![
         ctx.input(1).shape.clone(),
         ctx.input(2).shape.clone(),

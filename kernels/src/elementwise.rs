@@ -8,12 +8,11 @@
 //! Integer negate/add wrap on overflow.
 
 use crate::common::{
-    broadcast_dims, dims_compatible, fmt_dims, in_ptr, out_ptr, with_float, with_numeric, zip_map,
-    InPtr, Num, Real, Scalar, GRAIN,
+    in_ptr, out_ptr, with_float, with_numeric, zip_map, InPtr, Num, Real, Scalar, GRAIN,
 };
 use kernel_core::{
-    numel, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx, OpDef, OwnedTensor, Registry,
-    Result, ShapeOut, TensorMut, TensorRef, ThreadPool,
+    broadcast_dims, fmt_dims, numel, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx,
+    OpDef, OwnedTensor, Registry, Result, ShapeOut, TensorMut, TensorRef, ThreadPool,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -153,25 +152,25 @@ fn broadcast_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
 
 fn add_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     let b = broadcast_dims(ctx.dims(1), ctx.dims(2))?;
-    if !dims_compatible(b.as_deref(), ctx.dims(0)) {
-        return Err(Error::invalid(format!(
+    ctx.require_shape(b.as_deref(), ctx.dims(0), || {
+        format!(
             "grad has shape {} but x and y broadcast to {}",
             fmt_dims(ctx.dims(0).unwrap_or_default()),
             fmt_dims(b.as_deref().unwrap_or_default())
-        )));
-    }
+        )
+    })?;
     Ok(vec![ctx.input(1).shape.clone(), ctx.input(2).shape.clone()])
 }
 
 /// `grad` must have the shape of `x` (input 1); the output has x's shape.
 fn same_as_x_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
-    if !dims_compatible(ctx.dims(1), ctx.dims(0)) {
-        return Err(Error::invalid(format!(
+    ctx.require_shape(ctx.dims(1), ctx.dims(0), || {
+        format!(
             "grad has shape {} but x has shape {}",
             fmt_dims(ctx.dims(0).unwrap_or_default()),
             fmt_dims(ctx.dims(1).unwrap_or_default())
-        )));
-    }
+        )
+    })?;
     Ok(vec![ctx.input(1).shape.clone()])
 }
 

@@ -9,7 +9,7 @@
 use crate::common::{expect_shape, with_numeric, GRAIN};
 use crate::elementwise::req;
 use kernel_core::{
-    parallel::chunks, DType, Element, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
+    parallel::chunks, DType, Dim, Element, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -30,7 +30,9 @@ pub fn register(r: &mut Registry) -> Result<()> {
 }
 
 fn nonzero_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
-    Ok(vec![Some(vec![None, ctx.input(0).rank()])])
+    // The count is data-dependent: unknown here; frameworks give it an unbacked symbol.
+    let rank = ctx.input(0).rank().map_or(Dim::Unknown, Dim::Known);
+    Ok(vec![Some(vec![Dim::Unknown, rank])])
 }
 
 fn nonzero_k<T: Element>(ctx: &mut KernelCtx) -> Result<()> {

@@ -9,10 +9,11 @@
 
 use crate::common::Num;
 use crate::common::{
-    c_slice, c_slice_mut, contiguous_lanes, expect_shape, fmt_dims, in_ptr, lane_grain,
-    load_strided, out_ptr, store_strided, sum_map, with_float, with_simd, Lanes, Real, Scalar,
+    c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided,
+    out_ptr, store_strided, sum_map, with_float, with_simd, Lanes, Real, Scalar,
 };
 use crate::elementwise::req;
+use kernel_core::fmt_dims;
 use kernel_core::{
     parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
     TensorRef,
@@ -45,37 +46,31 @@ pub fn register(r: &mut Registry) -> Result<()> {
     Ok(())
 }
 
-/// The normalised length (last dim of x; 1 for rank 0), `None` if unknown. Validates the
-/// weight's shape and eps.
+/// The normalised length (last dim of x; 1 for rank 0), `None` if x's rank is unknown.
+/// Validates eps and the weight's shape (equal to that length, or a constraint when symbolic).
 fn check(ctx: &InferCtx, x: usize, w: usize) -> Result<Option<Dim>> {
     let eps = ctx.attrs.float("eps")?;
     if eps.is_nan() || eps < 0.0 {
         return Err(Error::invalid(format!("eps must be >= 0, got {eps}")));
     }
-    let n: Option<Dim> = ctx.dims(x).map(|d| {
-        if d.is_empty() {
-            Some(1)
-        } else {
-            d[d.len() - 1]
-        }
-    });
-    if let Some(wspec) = ctx.input_opt(w) {
-        if let Some(wd) = wspec.shape.as_deref() {
-            let bad = match (wd, n) {
-                ([_], None) => false,
-                ([wn], Some(n)) => wn.is_some() && n.is_some() && *wn != n,
-                _ => true,
+    let n: Option<Dim> = ctx
+        .dims(x)
+        .map(|d| d.last().cloned().unwrap_or(Dim::Known(1)));
+    if let Some(wd) = ctx.input_opt(w).and_then(|w| w.shape.as_deref()) {
+        let msg = || {
+            let want = match &n {
+                Some(d @ (Dim::Known(_) | Dim::Sym(_))) => format!("[{d}]"),
+                _ => "[n]".to_string(),
             };
-            if bad {
-                let want = match n {
-                    Some(Some(n)) => format!("[{n}]"),
-                    _ => "[n]".to_string(),
-                };
-                return Err(Error::invalid(format!(
-                    "weight must have shape {want} (the last dim of x), got {}",
-                    fmt_dims(wd)
-                )));
-            }
+            format!(
+                "weight must have shape {want} (the last dim of x), got {}",
+                fmt_dims(wd)
+            )
+        };
+        match (wd, &n) {
+            ([wn], Some(n)) => ctx.require_eq(wn, n, msg)?,
+            ([_], None) => {}
+            _ => return Err(Error::invalid(msg())),
         }
     }
     Ok(n)
@@ -89,15 +84,17 @@ fn rms_norm_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
 fn rms_norm_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     let n = check(ctx, 1, 2)?;
     let (g, x) = (ctx.dims(0), ctx.dims(1));
-    if !crate::common::dims_compatible(x, g) {
-        return Err(Error::invalid(format!(
+    ctx.require_shape(x, g, || {
+        format!(
             "grad has shape {} but x has shape {}",
             fmt_dims(g.unwrap_or_default()),
             fmt_dims(x.unwrap_or_default())
-        )));
-    }
-    let n: Dim = n.flatten();
-    Ok(vec![ctx.input(1).shape.clone(), Some(vec![n])])
+        )
+    })?;
+    Ok(vec![
+        ctx.input(1).shape.clone(),
+        Some(vec![n.unwrap_or(Dim::Unknown)]),
+    ])
 }
 
 /// The weight (or ones) in the compute type.

@@ -8,14 +8,14 @@
 //! with f32 `exp` from `vmath`.
 
 use crate::common::{
-    c_slice, c_slice_mut, contiguous_lanes, dims_compatible, expect_shape, fmt_dims, in_ptr,
-    lane_grain, load_strided, max_of, out_ptr, store_strided, sum_zip, tree_sum, with_float,
-    with_simd, Lanes, Num, Real, Scalar, ACC,
+    c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided, max_of,
+    out_ptr, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real, Scalar,
+    ACC,
 };
 use crate::elementwise::req;
+use kernel_core::fmt_dims;
 use kernel_core::{
-    normalize_axis, parallel_for, BwdInput, Error, InferCtx, KernelCtx, OpDef, Registry, Result,
-    ShapeOut,
+    normalize_axis, parallel_for, BwdInput, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -59,13 +59,13 @@ fn softmax_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
 
 fn softmax_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     check_axis(ctx, 1)?;
-    if !dims_compatible(ctx.dims(1), ctx.dims(0)) {
-        return Err(Error::invalid(format!(
+    ctx.require_shape(ctx.dims(1), ctx.dims(0), || {
+        format!(
             "grad has shape {} but y has shape {}",
             fmt_dims(ctx.dims(0).unwrap_or_default()),
             fmt_dims(ctx.dims(1).unwrap_or_default())
-        )));
-    }
+        )
+    })?;
     Ok(vec![ctx.input(1).shape.clone()])
 }
 

@@ -9,13 +9,13 @@
 //! input is one lane of length 1: k = 1 gives rank-0 outputs, k = 0 gives outputs of shape [0].
 
 use crate::common::{
-    c_slice, contiguous_lanes, expect_shape, fmt_dims, in_ptr, lane_grain, load_strided, out_ptr,
+    c_slice, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided, out_ptr,
     store_strided, with_numeric, with_simd, Lanes, Num, OutPtr, Scalar,
 };
 use crate::elementwise::req;
 use kernel_core::{
-    normalize_axis, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx, OpDef, Registry,
-    Result, ShapeOut,
+    fmt_dims, normalize_axis, parallel_for, BwdInput, DType, Dim, Error, InferCtx, KernelCtx,
+    OpDef, Registry, Result, ShapeOut,
 };
 use std::cmp::Ordering;
 
@@ -64,23 +64,24 @@ fn topk_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
         return Ok(vec![None, None]);
     };
     let ax = normalize_axis(axis, dims.len())?;
-    let size = if dims.is_empty() { Some(1) } else { dims[ax] };
-    if let Some(size) = size {
-        if k as usize > size {
-            return Err(Error::invalid(format!(
-                "k={k} is out of range for axis {ax} of size {size} (expected 0 <= k <= {size})"
-            )));
-        }
-    }
+    let size = if dims.is_empty() {
+        Dim::Known(1)
+    } else {
+        dims[ax].clone()
+    };
+    let kd = Dim::Known(k as usize);
+    ctx.require_le(&kd, &size, || {
+        format!("k={k} is out of range for axis {ax} of size {size} (expected 0 <= k <= {size})")
+    })?;
     let out = if dims.is_empty() {
         if k == 1 {
             vec![]
         } else {
-            vec![Some(0)]
+            vec![Dim::Known(0)]
         }
     } else {
         let mut d = dims.to_vec();
-        d[ax] = Some(k as usize);
+        d[ax] = kd;
         d
     };
     Ok(vec![Some(out.clone()), Some(out)])
@@ -89,39 +90,39 @@ fn topk_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
 fn topk_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     let axis = ctx.attrs.int("axis")?;
     let (g, x, i) = (ctx.dims(0), ctx.dims(1), ctx.dims(2));
-    if !crate::common::dims_compatible(g, i) {
-        return Err(Error::invalid(format!(
+    ctx.require_shape(g, i, || {
+        format!(
             "grad_values has shape {} but indices has shape {}",
             fmt_dims(g.unwrap_or_default()),
             fmt_dims(i.unwrap_or_default())
-        )));
-    }
-    if let Some(x) = x {
+        )
+    })?;
+    if let (Some(x), Some(g)) = (x, g) {
         let ax = normalize_axis(axis, x.len())?;
-        if let Some(g) = g {
-            let ok = if x.is_empty() {
-                g.is_empty() || g == [Some(0)]
-            } else {
-                g.len() == x.len()
-                    && g.iter().zip(x).enumerate().all(|(d, (a, b))| match (a, b) {
-                        (Some(a), Some(b)) => {
-                            if d == ax {
-                                a <= b
-                            } else {
-                                a == b
-                            }
-                        }
-                        _ => true,
-                    })
-            };
-            if !ok {
-                return Err(Error::invalid(format!(
-                    "grad_values has shape {} which is not a topk result of x with shape {} along axis {ax}",
-                    fmt_dims(g),
-                    fmt_dims(x)
-                )));
+        let msg = || {
+            format!(
+                "grad_values has shape {} which is not a topk result of x with shape {} along axis {ax}",
+                fmt_dims(g),
+                fmt_dims(x)
+            )
+        };
+        if x.is_empty() {
+            if !(g.is_empty() || g == [Dim::Known(0)]) {
+                return Err(Error::invalid(msg()));
+            }
+        } else if g.len() != x.len() {
+            return Err(Error::invalid(msg()));
+        } else {
+            for (d, (a, b)) in g.iter().zip(x).enumerate() {
+                if d == ax {
+                    ctx.require_le(a, b, msg)?;
+                } else {
+                    ctx.require_eq(a, b, msg)?;
+                }
             }
         }
+    } else if let Some(x) = x {
+        normalize_axis(axis, x.len())?;
     }
     Ok(vec![ctx.input(1).shape.clone()])
 }

@@ -2,7 +2,7 @@
 
 mod util;
 
-use kernel_core::{DType, SerialPool, TensorSpec};
+use kernel_core::{DType, Dim, SerialPool, TensorSpec};
 use util::*;
 
 /// Naive direct convolution in f64.
@@ -310,7 +310,15 @@ fn conv2d_errors_and_shape_inference() {
             &a,
         )
         .unwrap();
-    assert_eq!(s[0].shape, Some(vec![None, Some(8), Some(5), None]));
+    assert_eq!(
+        s[0].shape,
+        Some(
+            vec![None, Some(8), Some(5), None]
+                .into_iter()
+                .map(Dim::from)
+                .collect()
+        )
+    );
     let s = op
         .infer(
             &[
@@ -321,7 +329,15 @@ fn conv2d_errors_and_shape_inference() {
             &a,
         )
         .unwrap();
-    assert_eq!(s[0].shape, Some(vec![None, Some(8), None, None]));
+    assert_eq!(
+        s[0].shape,
+        Some(
+            vec![None, Some(8), None, None]
+                .into_iter()
+                .map(Dim::from)
+                .collect()
+        )
+    );
     let e = op
         .infer(
             &[
@@ -349,7 +365,10 @@ fn conv2d_errors_and_shape_inference() {
             &a,
         )
         .unwrap();
-    assert_eq!(s[2].shape, Some(vec![Some(8)]));
+    assert_eq!(
+        s[2].shape,
+        Some(vec![Some(8)].into_iter().map(Dim::from).collect())
+    );
 }
 
 #[test]
@@ -465,12 +484,18 @@ fn nonzero_large_threads_and_metadata() {
             &a,
         )
         .unwrap();
-    assert_eq!(s[0].shape, Some(vec![None, Some(3)]));
+    assert_eq!(
+        s[0].shape,
+        Some(vec![None, Some(3)].into_iter().map(Dim::from).collect())
+    );
     assert_eq!(s[0].dtype, DType::I64);
     let s = op
         .infer(&[Some(TensorSpec::unknown_rank(DType::F32))], &a)
         .unwrap();
-    assert_eq!(s[0].shape, Some(vec![None, None]));
+    assert_eq!(
+        s[0].shape,
+        Some(vec![None, None].into_iter().map(Dim::from).collect())
+    );
     assert_err_contains(
         "nonzero",
         &[Some(&tensor(&[1.0], &[1], DType::Bool))],

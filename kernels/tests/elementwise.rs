@@ -3,7 +3,9 @@
 
 mod util;
 
-use kernel_core::{DType, KernelCtx, OwnedTensor, SerialPool, TensorMut, TensorRef, TensorSpec};
+use kernel_core::{
+    DType, Dim, KernelCtx, OwnedTensor, SerialPool, TensorMut, TensorRef, TensorSpec,
+};
 use proptest::prelude::*;
 use util::*;
 
@@ -412,19 +414,19 @@ fn shape_inference_with_unknown_dims() {
     let infer = |a, b| add.infer(&[a, b], &attrs).map(|v| v[0].shape.clone());
     assert_eq!(
         infer(spec(vec![None, Some(3)]), spec(vec![Some(1)])).unwrap(),
-        Some(vec![None, Some(3)])
+        Some(vec![None, Some(3)].into_iter().map(Dim::from).collect())
     );
     assert_eq!(
         infer(spec(vec![None]), spec(vec![None])).unwrap(),
-        Some(vec![None])
+        Some(vec![None].into_iter().map(Dim::from).collect())
     );
     assert_eq!(
         infer(spec(vec![Some(2)]), spec(vec![None])).unwrap(),
-        Some(vec![Some(2)])
+        Some(vec![Some(2)].into_iter().map(Dim::from).collect())
     );
     assert_eq!(
         infer(spec(vec![Some(1)]), spec(vec![None, None])).unwrap(),
-        Some(vec![None, None])
+        Some(vec![None, None].into_iter().map(Dim::from).collect())
     );
     assert_eq!(
         infer(
@@ -459,8 +461,14 @@ fn shape_inference_with_unknown_dims() {
             &ab.bind_attrs([]).unwrap(),
         )
         .unwrap();
-    assert_eq!(out[0].shape, Some(vec![Some(3)]));
-    assert_eq!(out[1].shape, Some(vec![None, Some(1)]));
+    assert_eq!(
+        out[0].shape,
+        Some(vec![Some(3)].into_iter().map(Dim::from).collect())
+    );
+    assert_eq!(
+        out[1].shape,
+        Some(vec![None, Some(1)].into_iter().map(Dim::from).collect())
+    );
 }
 
 #[test]

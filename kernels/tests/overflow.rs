@@ -1,7 +1,7 @@
 //! Shape inference refuses shapes whose element count or byte size overflows, for every op
 //! of the registry (issue 23: `infer("add", [(2**62, 2**62), ...])` used to return a shape).
 
-use kernel_core::{AttrValue, DType, ErrorKind, TensorSpec, TypeRule};
+use kernel_core::{AttrValue, DType, Dim, ErrorKind, TensorSpec, TypeRule};
 
 fn dtype_of(op: &kernel_core::OpDef, rule: &TypeRule) -> DType {
     match rule {
@@ -64,11 +64,22 @@ fn outputs_whose_size_overflows_are_refused() {
     // The largest f32 output that fits is accepted, and an unknown dim defers the check.
     let n = (isize::MAX as usize) / 4;
     let ok = add.infer(&[f32s(&[n]), f32s(&[1])], &attrs).unwrap();
-    assert_eq!(ok[0].shape, Some(vec![Some(n)]));
+    assert_eq!(
+        ok[0].shape,
+        Some(vec![Some(n)].into_iter().map(Dim::from).collect())
+    );
     // (it may be 0 at run time, making the tensor empty).
     let unknown = Some(TensorSpec::with_dims(DType::F32, vec![None, Some(1 << 60)]));
     let ok = add.infer(&[unknown, f32s(&[1 << 60])], &attrs).unwrap();
-    assert_eq!(ok[0].shape, Some(vec![None, Some(1 << 60)]));
+    assert_eq!(
+        ok[0].shape,
+        Some(
+            vec![None, Some(1 << 60)]
+                .into_iter()
+                .map(Dim::from)
+                .collect()
+        )
+    );
 }
 
 #[test]

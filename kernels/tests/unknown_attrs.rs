@@ -1,7 +1,7 @@
 //! `OpDef::infer_unknown_attrs` (TF's shape functions): dims no attribute value can change stay
 //! known, the others become unknown; inputs invalid whatever the attributes are errors.
 
-use kernel_core::{DType, TensorSpec};
+use kernel_core::{DType, Dim, TensorSpec};
 
 fn spec(dims: &[Option<usize>]) -> Option<TensorSpec> {
     Some(TensorSpec::with_dims(DType::F32, dims.to_vec()))
@@ -24,7 +24,10 @@ fn attribute_dependent_dims_become_unknown() {
         .unwrap()
         .infer_unknown_attrs(&[spec(&[Some(4), None])])
         .unwrap();
-    assert_eq!(out[0].shape, Some(vec![Some(4), None]));
+    assert_eq!(
+        out[0].shape,
+        Some(vec![Some(4), None].into_iter().map(Dim::from).collect())
+    );
     // negate has no attributes: exact.
     let out = reg
         .lookup("negate")

@@ -6,14 +6,14 @@ use crate::error::guard;
 use crate::register::this;
 use crate::sys::Api;
 use crate::tensor::{dtype_from_onnx, onnx_from_dtype, unsupported_type};
-use kernel_core::{DType, OpDef, Result, TensorSpec};
+use kernel_core::{DType, Dim, OpDef, Result, TensorSpec};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtCustomOp, OrtKernelInfo, OrtShapeInferContext, OrtStatusPtr,
 };
 
 /// A spec from ONNX dims. Rank 0 is treated as unknown rank: ONNX Runtime reports a missing
 /// shape as rank 0, and guessing "scalar" would reject valid models.
-fn spec(op: &OpDef, i: usize, et: ET, dims: Vec<Option<usize>>) -> Result<Option<TensorSpec>> {
+fn spec(op: &OpDef, i: usize, et: ET, dims: Vec<Dim>) -> Result<Option<TensorSpec>> {
     if et == ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED {
         return Ok(None);
     }

@@ -11,7 +11,7 @@
 //! `CreateKernelV2`, a value or attribute obtained from one of those), and each index is below
 //! the count the same handle reports.
 
-use kernel_core::{with_i64_dims, Error, Result};
+use kernel_core::{with_i64_dims, Dim, Error, Result};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtApi, OrtKernelContext, OrtKernelInfo, OrtOpAttr,
     OrtOpAttrType, OrtShapeInferContext, OrtStatusPtr, OrtTensorTypeAndShapeInfo, OrtValue,
@@ -119,6 +119,47 @@ impl Api {
             self.check((self.0.GetDimensions)(info, dims.as_mut_ptr(), n))?;
             Ok((et, dims))
         }
+    }
+
+    /// Element type and dims of a type-and-shape info as shape inference sees them: a
+    /// negative dim with a `dim_param` name is that symbol, without one it is unknown.
+    pub unsafe fn info_spec_dims(
+        &self,
+        info: *const OrtTensorTypeAndShapeInfo,
+    ) -> Result<(ET, Vec<Dim>)> {
+        // SAFETY: `info` is a live type-and-shape info (the module's contract).
+        let (et, dims) = unsafe { self.info_type_dims(info)? };
+        let mut names: Vec<*const c_char> = vec![ptr::null(); dims.len()];
+        // SAFETY: as above; `names` has room for exactly the `dims.len()` entries this same
+        // `info` reported. The names it fills in belong to `info` and are read (copied into
+        // owned Strings) before this function returns.
+        let named = unsafe {
+            self.check((self.0.GetSymbolicDimensions)(
+                info,
+                names.as_mut_ptr(),
+                names.len(),
+            ))
+            .is_ok()
+        };
+        let dims = dims
+            .into_iter()
+            .zip(names)
+            .map(|(d, name)| match dim_from_ort(d) {
+                Some(v) => Dim::Known(v),
+                None if named && !name.is_null() => {
+                    // SAFETY: a non-null name from `GetSymbolicDimensions` is a NUL-terminated
+                    // string owned by `info`, live here (see above).
+                    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+                    if name.is_empty() {
+                        Dim::Unknown
+                    } else {
+                        Dim::sym(name.as_ref())
+                    }
+                }
+                None => Dim::Unknown,
+            })
+            .collect();
+        Ok((et, dims))
     }
 
     /// Element type and concrete shape of a tensor value. Per-call hot path: uses
@@ -285,7 +326,7 @@ impl Api {
         &self,
         info: *const OrtKernelInfo,
         i: usize,
-    ) -> Option<(ET, Vec<Option<usize>>)> {
+    ) -> Option<(ET, Vec<Dim>)> {
         let mut ti: *mut ort_sys::OrtTypeInfo = ptr::null_mut();
         // SAFETY: `info` is a live kernel info and `i` below its input count (the module's
         // contract). `ti` is used only after `KernelInfo_GetInputTypeInfo` succeeded with a
@@ -302,10 +343,9 @@ impl Api {
                 .check((self.0.CastTypeInfoToTensorInfo)(ti, &mut tinfo))
                 .ok()
                 .filter(|_| !tinfo.is_null())
-                .and_then(|_| self.info_type_dims(tinfo).ok());
+                .and_then(|_| self.info_spec_dims(tinfo).ok());
             (self.0.ReleaseTypeInfo)(ti);
-            let (et, dims) = r?;
-            Some((et, dims.into_iter().map(dim_from_ort).collect()))
+            r
         }
     }
 
@@ -331,7 +371,7 @@ impl Api {
         &self,
         ctx: *const OrtShapeInferContext,
         i: usize,
-    ) -> Result<(ET, Vec<Option<usize>>)> {
+    ) -> Result<(ET, Vec<Dim>)> {
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
         // SAFETY: `ctx` is a live shape-inference context and `i` below its input count (the
         // module's contract); the info it returns belongs to the context (so is not released
@@ -343,8 +383,7 @@ impl Api {
             if info.is_null() {
                 return Err(Error::internal("no type info"));
             }
-            let (et, dims) = self.info_type_dims(info)?;
-            Ok((et, dims.into_iter().map(dim_from_ort).collect()))
+            self.info_spec_dims(info)
         }
     }
 
@@ -408,7 +447,7 @@ impl Api {
         ctx: *const OrtShapeInferContext,
         i: usize,
         et: ET,
-        dims: &[Option<usize>],
+        dims: &[Dim],
         sym_prefix: &str,
     ) -> Result<()> {
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
@@ -421,14 +460,22 @@ impl Api {
             self.check((self.0.CreateTensorTypeAndShapeInfo)(&mut info))?;
             let r = (|| {
                 self.check((self.0.SetTensorElementType)(info, et))?;
-                let vals: Vec<i64> = dims.iter().map(|d| d.map_or(-1, |v| v as i64)).collect();
+                let vals: Vec<i64> = dims
+                    .iter()
+                    .map(|d| d.known().map_or(-1, |v| v as i64))
+                    .collect();
                 self.check((self.0.SetDimensions)(info, vals.as_ptr(), vals.len()))?;
+                // A symbolic dim keeps its expression as its name (`N`, `N + 1`), so ONNX
+                // Runtime sees equal dims as equal; an unknown one gets a fresh name.
                 let names: Vec<CString> = dims
                     .iter()
                     .enumerate()
                     .map(|(j, d)| match d {
-                        Some(_) => CString::default(),
-                        None => CString::new(format!("{sym_prefix}_d{j}")).unwrap_or_default(),
+                        Dim::Known(_) => CString::default(),
+                        Dim::Sym(_) => CString::new(d.to_string()).unwrap_or_default(),
+                        Dim::Unknown => {
+                            CString::new(format!("{sym_prefix}_d{j}")).unwrap_or_default()
+                        }
                     })
                     .collect();
                 let mut ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();

@@ -76,9 +76,9 @@ unsafe fn read_input_dims(
         // SAFETY: `dh` is live and was just set.
         dims.push(if unsafe { TF_DimensionHandleValueKnown(dh) } != 0 {
             // SAFETY: as above; a known dim is >= 0.
-            Some(unsafe { TF_DimensionHandleValue(dh) } as usize)
+            Dim::Known(unsafe { TF_DimensionHandleValue(dh) } as usize)
         } else {
-            None
+            Dim::Unknown
         });
     }
     // SAFETY: allocated above, deleted once.
@@ -95,8 +95,8 @@ unsafe fn make_shape(ctx: *mut TF_ShapeInferenceContext, dims: &[Dim]) -> Result
     let mut acc = Shape(unsafe { TF_ShapeInferenceContextScalar(ctx) });
     for d in dims {
         // TF_ShapeInferenceContextVectorFromSize forwards to InferenceContext::Vector(int64):
-        // size_t(-1) becomes -1, TF's kUnknownDim.
-        let size = d.unwrap_or(usize::MAX);
+        // size_t(-1) becomes -1, TF's kUnknownDim (TF has no symbolic dims: those are unknown).
+        let size = d.known().unwrap_or(usize::MAX);
         // SAFETY: as above; owned by `v`.
         let v = Shape(unsafe { TF_ShapeInferenceContextVectorFromSize(ctx, size) });
         // SAFETY: a plain allocation, owned by `out`.

@@ -3,13 +3,15 @@
 //! - [`DType`], [`Element`], [`FloatElem`]: element types.
 //! - [`TensorRef`], [`TensorMut`], [`OwnedTensor`]: strided views and helpers.
 //! - [`Schema`]: PyTorch-style schema strings; [`Attrs`]: bound attribute values.
-//! - [`OpDef`], [`Registry`]: ops as data; [`TensorSpec`]: shapes with unknown dims.
+//! - [`OpDef`], [`Registry`]: ops as data; [`TensorSpec`], [`Dim`]: shapes with unknown and
+//!   symbolic dims ([`dim`], the shape model).
 //! - [`ThreadPool`], [`parallel_for`]: the host's threads, fixed partitioning.
 //! - [`KernelFpEnv`]: the fixed floating-point environment kernels compute in (no FTZ / DAZ).
 //! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries.
 
 pub mod attrs;
 pub mod call;
+pub mod dim;
 pub mod dtype;
 pub mod error;
 pub mod exec;
@@ -22,11 +24,12 @@ pub mod unknown_attrs;
 
 pub use attrs::{widen_f32_attr, AttrValue, Attrs};
 pub use call::{AttrSource, CallSite, CallSites, Phase};
+pub use dim::{broadcast_dims, fmt_dims, BinOp, Constraint, Dim, Expr, Relation};
 pub use dtype::{DType, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, Result};
 pub use fpenv::KernelFpEnv;
 pub use op::{
-    camel_case, Backward, BwdInput, Dim, InferCtx, KernelCtx, OpBuilder, OpDef, OpFlags,
+    camel_case, Backward, BwdInput, InferCtx, Inferred, KernelCtx, OpBuilder, OpDef, OpFlags,
     OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
 };
 pub use parallel::{

@@ -1,13 +1,13 @@
 //! An op is data: a schema, dtype rules, a shape function, a CPU kernel, an optional backward
 //! (itself an op) and flags. Adapters translate [`OpDef`]s; they never know a particular op.
 
+use std::cell::RefCell;
+
+use crate::dim::{relate, Constraint, Dim, Relation};
 use crate::parallel::ThreadPool;
 use crate::schema::Schema;
 use crate::tensor::{TensorMut, TensorRef};
 use crate::{AttrValue, Attrs, DType, Error, Result};
-
-/// A dimension that may be unknown (TF graph mode, JAX tracing with symbolic dims).
-pub type Dim = Option<usize>;
 
 /// dtype + shape, with possibly unknown dims. `shape == None` means unknown rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,13 +20,14 @@ impl TensorSpec {
     pub fn new(dtype: DType, shape: &[usize]) -> Self {
         TensorSpec {
             dtype,
-            shape: Some(shape.iter().map(|&d| Some(d)).collect()),
+            shape: Some(shape.iter().map(|&d| Dim::Known(d)).collect()),
         }
     }
-    pub fn with_dims(dtype: DType, dims: Vec<Dim>) -> Self {
+    /// A spec of known rank; dims are [`Dim`]s, sizes, or `Option<usize>` (`None` unknown).
+    pub fn with_dims<D: Into<Dim>>(dtype: DType, dims: impl IntoIterator<Item = D>) -> Self {
         TensorSpec {
             dtype,
-            shape: Some(dims),
+            shape: Some(dims.into_iter().map(Into::into).collect()),
         }
     }
     pub fn unknown_rank(dtype: DType) -> Self {
@@ -37,7 +38,7 @@ impl TensorSpec {
     }
     /// The shape when every dim is known.
     pub fn concrete(&self) -> Option<Vec<usize>> {
-        self.shape.as_ref()?.iter().copied().collect()
+        self.shape.as_ref()?.iter().map(Dim::known).collect()
     }
 }
 
@@ -51,6 +52,8 @@ pub struct InferCtx<'a> {
     /// One entry per tensor argument; `None` for an absent optional tensor.
     pub inputs: &'a [Option<TensorSpec>],
     pub attrs: &'a Attrs,
+    /// Requirements over symbolic dims gathered by [`InferCtx::require_eq`] and friends.
+    constraints: RefCell<Vec<Constraint>>,
 }
 
 impl InferCtx<'_> {
@@ -67,6 +70,52 @@ impl InferCtx<'_> {
     pub fn dims(&self, i: usize) -> Option<&[Dim]> {
         self.input(i).shape.as_deref()
     }
+    fn relate(
+        &self,
+        relation: Relation,
+        lhs: &Dim,
+        rhs: &Dim,
+        message: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if let Some(c) = relate(relation, lhs, rhs, message)? {
+            self.constraints.borrow_mut().push(c);
+        }
+        Ok(())
+    }
+    /// Require `lhs == rhs`: known sizes are compared now (`message` is the error when they
+    /// differ); a requirement over symbols becomes a [`Constraint`] the framework checks.
+    pub fn require_eq(&self, lhs: &Dim, rhs: &Dim, message: impl FnOnce() -> String) -> Result<()> {
+        self.relate(Relation::Eq, lhs, rhs, message)
+    }
+    /// Require `lhs <= rhs` (topk's `k` within its axis), as [`InferCtx::require_eq`].
+    pub fn require_le(&self, lhs: &Dim, rhs: &Dim, message: impl FnOnce() -> String) -> Result<()> {
+        self.relate(Relation::Le, lhs, rhs, message)
+    }
+    /// Require shape `got` to be `want` (same rank, each dim equal; unknown ranks and dims match
+    /// anything). A gradient's shape against its forward tensor's, for example.
+    pub fn require_shape(
+        &self,
+        want: Option<&[Dim]>,
+        got: Option<&[Dim]>,
+        message: impl Fn() -> String,
+    ) -> Result<()> {
+        let (Some(w), Some(g)) = (want, got) else {
+            return Ok(());
+        };
+        if w.len() != g.len() {
+            return Err(Error::invalid(message()));
+        }
+        w.iter()
+            .zip(g)
+            .try_for_each(|(a, b)| self.require_eq(b, a, &message))
+    }
+}
+
+/// Output specs and the requirements between symbolic input dims that hold for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inferred {
+    pub outputs: Vec<TensorSpec>,
+    pub constraints: Vec<Constraint>,
 }
 
 /// What a kernel sees: validated inputs, outputs allocated by the framework to the inferred
@@ -338,6 +387,13 @@ impl OpDef {
     /// Shape inference over specs whose dims may be unknown. Validates dtypes, arity and
     /// attributes, then calls the op's shape function.
     pub fn infer(&self, inputs: &[Option<TensorSpec>], attrs: &Attrs) -> Result<Vec<TensorSpec>> {
+        self.infer_symbolic(inputs, attrs).map(|r| r.outputs)
+    }
+
+    /// Shape inference over specs whose dims may be unknown or symbolic: the output specs and
+    /// the [`Constraint`]s between symbolic dims the op requires (none when every dim is
+    /// known: those are decided, and a contradiction is an error).
+    pub fn infer_symbolic(&self, inputs: &[Option<TensorSpec>], attrs: &Attrs) -> Result<Inferred> {
         let dtypes: Vec<Option<DType>> =
             inputs.iter().map(|s| s.as_ref().map(|s| s.dtype)).collect();
         let t = self.check_inputs(&dtypes)?;
@@ -364,8 +420,10 @@ impl OpDef {
             op: self,
             inputs,
             attrs,
+            constraints: RefCell::default(),
         };
         let shapes = (self.infer_fn)(&ctx).map_err(|e| e.in_op(self.name))?;
+        let constraints = ctx.constraints.into_inner();
         if shapes.len() != self.num_outputs() {
             return Err(Error::internal(format!(
                 "shape function returned {} outputs, schema has {}",
@@ -391,7 +449,11 @@ impl OpDef {
                 })?;
                 Ok(spec)
             })
-            .collect()
+            .collect::<Result<_>>()
+            .map(|outputs| Inferred {
+                outputs,
+                constraints,
+            })
     }
 
     /// Shape inference for concrete inputs. For ops without data-dependent shapes every

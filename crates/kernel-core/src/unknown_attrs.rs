@@ -113,7 +113,7 @@ fn merge(a: TensorSpec, b: TensorSpec) -> TensorSpec {
         (Some(x), Some(y)) if x.len() == y.len() => Some(
             x.into_iter()
                 .zip(y)
-                .map(|(p, q)| if p == q { p } else { None })
+                .map(|(p, q)| if p == q { p } else { crate::Dim::Unknown })
                 .collect(),
         ),
         _ => None,

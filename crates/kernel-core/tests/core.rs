@@ -184,7 +184,7 @@ fn twice_cpu(ctx: &mut KernelCtx) -> Result<()> {
     Ok(())
 }
 fn positives_infer(_ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
-    Ok(vec![Some(vec![None])])
+    Ok(vec![Some(vec![None].into_iter().map(Dim::from).collect())])
 }
 fn positives_cpu(ctx: &mut KernelCtx) -> Result<()> {
     let x = ctx.input(0).contiguous::<i64>()?.into_owned();

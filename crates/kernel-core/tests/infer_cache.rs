@@ -21,7 +21,7 @@ fn counting_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     if let Some(y) = ctx.input_opt(1) {
         s.extend(y.shape.clone().unwrap());
     }
-    s.push(Some(extra as usize));
+    s.push(kernel_core::Dim::Known(extra as usize));
     Ok(vec![Some(s)])
 }
 

@@ -18,8 +18,8 @@
 use kernel_core::call::{self, Preallocated};
 use kernel_core::schema::ArgType;
 use kernel_core::{
-    catch_panic, default_pool, AttrValue, Attrs, BwdInput, CallSite, DType, Error, ErrorKind,
-    OpDef, Phase, Registry, TensorRef, TensorSpec, TypeRule,
+    catch_panic, default_pool, AttrValue, Attrs, BwdInput, CallSite, DType, Dim, Error, ErrorKind,
+    Expr, Inferred, OpDef, Phase, Registry, TensorRef, TensorSpec, TypeRule,
 };
 use serde_json::{json, Map, Value};
 use std::ffi::{c_char, CStr, CString};
@@ -262,10 +262,42 @@ pub fn bind_json_attrs(op: &OpDef, attrs: Option<&Value>) -> Result<Attrs, Error
     op.bind_attrs(given.iter().map(|(k, v)| (k.as_str(), v.clone())))
 }
 
+/// A dim in the wire form every library and the Python glue share: an int (known), null
+/// (unknown), a string (a symbol) or `[op, a, b]` with `op` a [`BinOp`] name.
+pub fn dim_json(d: &Dim) -> Value {
+    fn expr(e: &Expr) -> Value {
+        match e {
+            Expr::Sym(s) => json!(s),
+            Expr::Const(c) => json!(c),
+            Expr::Bin(op, a, b) => json!([op.name(), expr(a), expr(b)]),
+        }
+    }
+    match d {
+        Dim::Known(n) => json!(n),
+        Dim::Unknown => Value::Null,
+        Dim::Sym(e) => expr(e),
+    }
+}
+
+/// `{"outputs": [[shape | null, dtype], ...], "constraints": [[relation, lhs, rhs, message]]}`
+/// with dims in the [`dim_json`] form.
+pub fn inferred_json(r: &Inferred) -> Value {
+    let shape = |s: &TensorSpec| match &s.shape {
+        None => Value::Null,
+        Some(d) => Value::Array(d.iter().map(dim_json).collect()),
+    };
+    json!({
+        "outputs": r.outputs.iter().map(|s| json!([shape(s), s.dtype.name()])).collect::<Vec<_>>(),
+        "constraints": r.constraints.iter().map(|c| json!([
+            c.relation.name(), dim_json(&c.lhs), dim_json(&c.rhs), c.message
+        ])).collect::<Vec<_>>(),
+    })
+}
+
 fn spec_from_json(op: &OpDef, v: &Value) -> Result<Option<TensorSpec>, Error> {
     let bad = || {
         Error::invalid(format!(
-            "an input spec must be null or [shape | null, dtype], got {v}"
+            "an input spec must be null or [shape | null, dtype] (dims: int, null or a symbol name), got {v}"
         ))
         .in_op(op.name)
     };
@@ -284,12 +316,13 @@ fn spec_from_json(op: &OpDef, v: &Value) -> Result<Option<TensorSpec>, Error> {
             let mut out = Vec::with_capacity(dims.len());
             for d in dims {
                 match d {
-                    Value::Null => out.push(None),
+                    Value::Null => out.push(Dim::Unknown),
                     Value::Number(n) => match n.as_i64() {
-                        Some(x) if x >= 0 => out.push(Some(x as usize)),
-                        Some(_) => out.push(None),
+                        Some(x) if x >= 0 => out.push(Dim::Known(x as usize)),
+                        Some(_) => out.push(Dim::Unknown),
                         None => return Err(bad()),
                     },
+                    Value::String(name) if !name.is_empty() => out.push(Dim::sym(name.as_str())),
                     _ => return Err(bad()),
                 }
             }
@@ -362,10 +395,8 @@ fn infer_value(registry: &Registry, request: &str) -> Value {
         Ok(a) => a,
         Err(e) => return error_json(&e, true),
     };
-    match op.infer(&specs, &attrs) {
-        Ok(out) => json!({
-            "outputs": out.iter().map(|s| json!([s.shape, s.dtype.name()])).collect::<Vec<_>>()
-        }),
+    match op.infer_symbolic(&specs, &attrs) {
+        Ok(r) => inferred_json(&r),
         Err(e) => error_json(&e, false),
     }
 }

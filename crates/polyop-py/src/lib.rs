@@ -21,8 +21,8 @@ use kernel_core::call;
 use kernel_core::op::OutputAllocator;
 use kernel_core::schema::ArgType;
 use kernel_core::{
-    catch_panic, default_pool, AttrValue, Attrs, CallSite, DType, Error, ErrorKind, OpDef, Phase,
-    Registry, TensorMut, TensorRef, TensorSpec,
+    catch_panic, default_pool, AttrValue, Attrs, CallSite, DType, Dim, Error, ErrorKind, OpDef,
+    Phase, Registry, TensorMut, TensorRef, TensorSpec,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -444,30 +444,39 @@ fn spec_from_py(
     if items[0].is_none() {
         return Ok(Some(TensorSpec::unknown_rank(dtype)));
     }
-    let dims: Vec<Option<i64>> = items[0].extract().map_err(|_| bad())?;
+    let dims: Vec<Bound<'_, PyAny>> = match items[0].try_iter() {
+        Ok(it) => it.collect::<PyResult<_>>()?,
+        Err(_) => return Err(bad()),
+    };
     let mut out = Vec::with_capacity(dims.len());
     for d in dims {
-        match d {
-            None => out.push(None),
-            Some(v) if v >= 0 => out.push(Some(v as usize)),
-            // Negative dims (-1, as TF/ONNX spell "unknown") are unknown too.
-            Some(_) => out.push(None),
-        }
+        out.push(if d.is_none() {
+            Dim::Unknown
+        } else if let Ok(name) = d.downcast::<PyString>() {
+            // A symbolic size, named by the framework (`s0`, `b`).
+            let name = name.to_str()?;
+            if name.is_empty() {
+                return Err(bad());
+            }
+            Dim::sym(name)
+        } else {
+            match d.extract::<i64>().map_err(|_| bad())? {
+                v if v >= 0 => Dim::Known(v as usize),
+                // Negative dims (-1, as TF/ONNX spell "unknown") are unknown too.
+                _ => Dim::Unknown,
+            }
+        });
     }
     Ok(Some(TensorSpec::with_dims(dtype, out)))
 }
 
-/// Shape inference: `input_specs` holds one `(shape, dtype)` per tensor input (dims may be
-/// None; shape None = unknown rank; the whole spec None = absent optional input). Returns a
-/// list of `(shape tuple | None, dtype name)`, one per output.
-#[pyfunction]
-#[pyo3(signature = (name, input_specs, **attrs))]
-fn infer<'py>(
+/// Shape inference shared by [`infer`] and [`infer_symbolic`].
+fn infer_specs<'py>(
     py: Python<'py>,
     name: &str,
     input_specs: &Bound<'py, PyAny>,
     attrs: Option<&Bound<'py, PyDict>>,
-) -> PyResult<Bound<'py, PyList>> {
+) -> PyResult<kernel_core::Inferred> {
     let op = lookup(name)?;
     let args: Vec<&str> = op.schema.tensor_args().map(|a| a.name.as_str()).collect();
     let items: Vec<Bound<'_, PyAny>> = input_specs
@@ -493,18 +502,53 @@ fn infer<'py>(
     let dtypes: Vec<Option<DType>> = specs.iter().map(|s| s.as_ref().map(|s| s.dtype)).collect();
     op.check_inputs(&dtypes).map_err(|e| py_type_err(&e))?;
     let attrs = bind_attrs(op, attrs)?;
-    let out = catch_panic(op.name, || op.infer(&specs, &attrs)).map_err(|e| py_err(&e))?;
+    catch_panic(op.name, || op.infer_symbolic(&specs, &attrs)).map_err(|e| py_err(&e))
+}
+
+/// Shape inference: `input_specs` holds one `(shape, dtype)` per tensor input (dims are ints,
+/// None for unknown, or strings naming symbolic sizes; shape None = unknown rank; the whole
+/// spec None = absent optional input). Returns a list of `(shape tuple | None, dtype name)`,
+/// one per output; a symbolic output dim is a symbol name or an `[op, a, b]` expression
+/// (docs/shapes.md).
+#[pyfunction]
+#[pyo3(signature = (name, input_specs, **attrs))]
+fn infer<'py>(
+    py: Python<'py>,
+    name: &str,
+    input_specs: &Bound<'py, PyAny>,
+    attrs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let r = infer_specs(py, name, input_specs, attrs)?;
     let l = PyList::empty(py);
-    for s in out {
+    for s in r.outputs {
         let shape = match &s.shape {
             None => py.None(),
-            Some(dims) => PyTuple::new(py, dims.iter().map(|d| d.map(|v| v as u64)))?
-                .into_any()
-                .unbind(),
+            Some(dims) => {
+                let dims: Vec<Bound<'py, PyAny>> = dims
+                    .iter()
+                    .map(|d| json_to_py(py, &polyop_export::dim_json(d)))
+                    .collect::<PyResult<_>>()?;
+                PyTuple::new(py, dims)?.into_any().unbind()
+            }
         };
         l.append(PyTuple::new(py, [shape, s.dtype.name().into_py_any(py)?])?)?;
     }
     Ok(l)
+}
+
+/// Shape inference with the requirements between symbolic dims:
+/// `{"outputs": [[shape, dtype], ...], "constraints": [[relation, lhs, rhs, message], ...]}`
+/// (relation `"eq"` or `"le"`; dims in the wire form of [`infer`]).
+#[pyfunction]
+#[pyo3(signature = (name, input_specs, **attrs))]
+fn infer_symbolic<'py>(
+    py: Python<'py>,
+    name: &str,
+    input_specs: &Bound<'py, PyAny>,
+    attrs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let r = infer_specs(py, name, input_specs, attrs)?;
+    json_to_py(py, &polyop_export::inferred_json(&r))
 }
 
 #[pymodule]
@@ -513,6 +557,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops, m)?)?;
     m.add_function(wrap_pyfunction!(op_info, m)?)?;
     m.add_function(wrap_pyfunction!(infer, m)?)?;
+    m.add_function(wrap_pyfunction!(infer_symbolic, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     Ok(())
 }

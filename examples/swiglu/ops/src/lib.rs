@@ -80,15 +80,16 @@ fn same_shapes(ctx: &InferCtx, n: usize) -> Result<ShapeOut> {
                     )));
                 }
                 for (k, (a, b)) in o.iter_mut().zip(dims).enumerate() {
-                    match (*a, *b) {
-                        (Some(x), Some(y)) if x != y => {
-                            return Err(Error::invalid(format!(
-                                "shape mismatch at dim {k}: `{}` has {y}, `{}` has {x}; shapes must match",
-                                names[i], names[0]
-                            )))
-                        }
-                        (None, Some(y)) => *a = Some(y),
-                        _ => {}
+                    // Known sizes must match now; symbolic ones become a constraint the
+                    // framework checks (torch guards, JAX export) instead of a specialization.
+                    ctx.require_eq(b, a, || {
+                        format!(
+                            "shape mismatch at dim {k}: `{}` has {b}, `{}` has {a}; shapes must match",
+                            names[i], names[0]
+                        )
+                    })?;
+                    if a.is_unknown() {
+                        *a = b.clone();
                     }
                 }
             }
@@ -191,7 +192,15 @@ mod tests {
         let a = TensorSpec::with_dims(DType::F32, vec![None, Some(4)]);
         let b = TensorSpec::with_dims(DType::F32, vec![Some(2), None]);
         let out = op.infer(&[Some(a), Some(b)], &attrs).unwrap();
-        assert_eq!(out[0].shape, Some(vec![Some(2), Some(4)]));
+        assert_eq!(out[0].concrete(), Some(vec![2, 4]));
+        // symbolic sizes: the same symbol merges; two different ones become a constraint
+        let s = |n: &str| Dim::sym(n);
+        let a = TensorSpec::with_dims(DType::F32, vec![s("b"), Dim::Known(4)]);
+        let b = TensorSpec::with_dims(DType::F32, vec![s("c"), Dim::Unknown]);
+        let r = op.infer_symbolic(&[Some(a), Some(b)], &attrs).unwrap();
+        assert_eq!(r.outputs[0].shape, Some(vec![s("b"), Dim::Known(4)]));
+        assert_eq!(r.constraints.len(), 1, "{:?}", r.constraints);
+        assert_eq!((&r.constraints[0].lhs, &r.constraints[0].rhs), (&s("c"), &s("b")));
         let e = op
             .infer(
                 &[
