@@ -8,6 +8,10 @@ The core (this module) works on NumPy arrays and needs no framework:
 - ``polyop.infer(name, input_specs, **attrs)``: shape inference; a spec is
   ``(shape, dtype_name)`` with ``None`` for unknown dims (``(None, dtype)``: unknown rank),
   or ``None`` for an absent optional input. Returns ``[(shape | None, dtype_name), ...]``.
+  A dim may also be a string naming a symbolic size (``"b"``); output dims over symbols come
+  back as a name or an ``[op, a, b]`` expression (docs/shapes.md).
+- ``polyop.infer_symbolic(name, input_specs, **attrs)``: the same, plus the requirements
+  between symbolic dims: ``{"outputs": [...], "constraints": [[relation, lhs, rhs, message]]}``.
 - ``polyop.run(name, *arrays, **attrs)``: run the CPU kernel on NumPy arrays (``None`` for an
   absent optional input). Returns one array for a single-output op, a tuple for a
   multi-output op (``topk``). Strided views are read in place; the GIL is released while the
@@ -25,7 +29,7 @@ Framework glue is imported explicitly: ``import polyop.torch``, ``polyop.tensorf
 
 from __future__ import annotations
 
-from ._core import __version__, infer, op_info, ops, run
+from ._core import __version__, infer, infer_symbolic, op_info, ops, run
 from ._paths import library_path
 
-__all__ = ["ops", "op_info", "infer", "run", "library_path", "__version__"]
+__all__ = ["ops", "op_info", "infer", "infer_symbolic", "run", "library_path", "__version__"]

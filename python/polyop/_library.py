@@ -363,19 +363,28 @@ class Library:
         finally:
             self._free(p)
 
-    def infer(self, name: str, input_specs, **attrs) -> list[tuple]:
+    def infer_symbolic(self, name: str, input_specs, **attrs) -> dict:
+        """Shape inference with symbolic dims (strings name symbols): ``{"outputs": [[shape,
+        dtype], ...], "constraints": [[relation, lhs, rhs, message], ...]}``, dims in the wire
+        form of ``polyop.infer`` (docs/shapes.md)."""
         specs = []
         for s in input_specs:
             if s is None:
                 specs.append(None)
             else:
                 shape, dtype = s
-                specs.append([None if shape is None else [None if d is None else int(d) for d in shape],
-                              _dtype_name(dtype)])
+                dims = None if shape is None else [
+                    d if d is None or isinstance(d, str) else int(d) for d in shape
+                ]
+                specs.append([dims, _dtype_name(dtype)])
         req = json.dumps({"op": name, "inputs": specs, "attrs": {k: _json_attr(v) for k, v in attrs.items()}})
         d = json.loads(self._call_str(self._infer, req.encode()))
         if "error" in d:
             _raise(d)
+        return d
+
+    def infer(self, name: str, input_specs, **attrs) -> list[tuple]:
+        d = self.infer_symbolic(name, input_specs, **attrs)
         return [(None if s is None else tuple(s), dt) for s, dt in d["outputs"]]
 
     def run(self, name: str, *arrays, **attrs):
@@ -449,6 +458,11 @@ class _Stock:
         from . import _core
 
         return _core.infer(name, input_specs, **attrs)
+
+    def infer_symbolic(self, name, input_specs, **attrs):
+        from . import _core
+
+        return _core.infer_symbolic(name, input_specs, **attrs)
 
     def run(self, name, *arrays, **attrs):
         from . import _core

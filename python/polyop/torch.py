@@ -10,9 +10,12 @@ This module adds what only Python can add:
   driven generically by the backward metadata of ``polyop.op_info(name)["backward"]``: the
   gradient is computed by calling the registered backward op (``torch.ops.polyop.<op>_backward``
   or whichever op the metadata names). There is no gradient formula here.
-- a fake (meta) implementation for ops with a data-dependent output shape (``nonzero``) whose
-  unknown dims become unbacked symbolic sizes, so they trace under ``torch.compile`` when
-  ``torch._dynamo.config.capture_dynamic_output_shape_ops = True``.
+- fake kernels for every op from kernel-core's symbolic shape inference (docs/shapes.md):
+  ``SymInt`` sizes stay symbolic (``torch.compile(dynamic=True)`` compiles once across sizes,
+  ``torch.export`` keeps ``Dim``s), requirements between sizes become ``torch._check``s, and
+  the data-dependent count of ``nonzero`` is an unbacked size (traced under ``torch.compile``
+  when ``torch._dynamo.config.capture_dynamic_output_shape_ops = True``). The library's own
+  Meta kernel, which this replaces, gives correct shapes but specializes symbolic sizes.
 
 Usage::
 
@@ -50,7 +53,7 @@ import torch  # noqa: E402
 
 import polyop  # noqa: E402
 
-from . import _library  # noqa: E402
+from . import _library, _shapes  # noqa: E402
 from ._library import Loaded, backward_args, grads_by_input  # noqa: E402
 
 __all__ = ["load", "ops", "library_path"]
@@ -111,8 +114,7 @@ def _load_stock(path: str | None) -> Loaded:
             _library.open_library(lib_path)  # raises if its ops failed to register
         infos = polyop.ops()
         for info in infos:
-            if info["flags"]["data_dependent_shape"]:
-                _register_dynamic_fake(info)
+            _register_fake(info)
             if info.get("backward"):
                 _register_autograd(info)
         if lib_path is None:  # loaded by the user's own torch.ops.load_library call
@@ -139,8 +141,7 @@ def _load_path(path: str) -> Loaded:
         if lib.name != "polyop":
             ns = lib.name
             for info in lib.ops():
-                if info["flags"]["data_dependent_shape"]:
-                    _register_dynamic_fake(info, ns, lib)
+                _register_fake(info, ns, lib)
                 if info.get("backward"):
                     _register_autograd(info, ns)
             _authored[real] = _loaded_object(real, ns, list(lib.exported), library=lib)
@@ -228,14 +229,35 @@ def _register_autograd(info: dict[str, Any], ns: str = "polyop") -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# data-dependent output shapes under torch.compile
+# fake kernels: symbolic shapes under torch.compile / torch.export
 
 
-def _register_dynamic_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop) -> None:
-    """Fake kernel for a data-dependent op: dims polyop.infer leaves unknown become unbacked
-    symbolic sizes. Replaces the library's Meta kernel (which refuses, as it must without
-    Python), so FakeTensor / torch.compile can trace the op."""
+def _sym_broadcast(a, b):
+    """NumPy broadcasting of two (possibly symbolic) sizes, guarding the way torch's own
+    broadcasting does (on whether a size is 1)."""
+    if isinstance(a, int) and a == 1:
+        return b
+    if isinstance(b, int) and b == 1:
+        return a
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    torch._check(a == b, lambda: f"sizes {a} and {b} do not broadcast")
+    return a
+
+
+def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop) -> None:
+    """Fake kernel from kernel-core's symbolic shape inference: ``SymInt`` input sizes go in as
+    symbols, output sizes come out as ``SymInt`` expressions of them (conv2d's
+    ``(h + 2p - k) // s + 1``), requirements between them become ``torch._check`` calls, and
+    dims inference leaves unknown (``nonzero``'s count) become unbacked sizes. Replaces the
+    library's Meta kernel, which sees sizes as plain integers and so would specialize every
+    symbolic size to a constant (torch.compile(dynamic=True) recompiling per size,
+    torch.export refusing ``Dim``s)."""
     name = info["name"]
+    inplace = info["flags"]["inplace"]
+    data_dependent = info["flags"]["data_dependent_shape"]
     _, tensor_pos, attr_pos = _arg_layout(info, ns)
 
     def fake(*args, **kwargs):
@@ -246,30 +268,35 @@ def _register_dynamic_fake(info: dict[str, Any], ns: str = "polyop", meta: Any =
                 values[i] = kwargs[a.name]
             elif i >= len(args) and a.has_default_value():
                 values[i] = a.default_value
-        specs = []
         tensors = [values[p] for p in tensor_pos]
-        for t in tensors:
-            if t is None:
-                specs.append(None)
-            else:
-                specs.append(
-                    (
-                        tuple(d if isinstance(d, int) else None for d in t.shape),
-                        str(t.dtype).removeprefix("torch."),
-                    )
-                )
+        specs, env = _shapes.symbolic_specs(
+            (None if t is None else (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+             for t in tensors),
+            lambda d: isinstance(d, torch.SymInt),
+        )
         attrs = {n: values[p] for n, p in attr_pos.items()}
-        out_specs = meta.infer(name, specs, **attrs)
-        ctx = torch.library.get_ctx()
+        r = meta.infer_symbolic(name, specs, **attrs)
+
+        def unknown():
+            if not data_dependent:
+                raise RuntimeError(f"polyop.{name}: shape inference left an output dim unknown")
+            return torch.library.get_ctx().new_dynamic_size()
+
+        ev = _shapes.Evaluator(env, torch.sym_max, _sym_broadcast, unknown)
+        _shapes.check_constraints(
+            r["constraints"], ev,
+            lambda ok, msg: torch._check(ok, lambda: f"polyop.{name}: {msg}"),
+        )
+        if inplace:
+            return tensors[0]
         device = next(t.device for t in tensors if t is not None)
         outs = []
-        for shape, dtype in out_specs:
+        for shape, dtype in r["outputs"]:
             if shape is None:
                 raise RuntimeError(
                     f"polyop.{name}: output rank is unknown before running; cannot trace"
                 )
-            dims = [ctx.new_dynamic_size() if d is None else d for d in shape]
-            outs.append(torch.empty(dims, dtype=getattr(torch, dtype), device=device))
+            outs.append(torch.empty(ev.shape(shape), dtype=getattr(torch, dtype), device=device))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     torch.library.register_fake(f"{ns}::{name}", fake, allow_override=True)
