@@ -33,6 +33,10 @@ generated from its metadata; nothing in this file knows a particular op:
   absent optional inputs are dropped, integer inputs get no (zero) cotangent, inputs the
   backward op does not produce a gradient for get zero.
 - ``nonzero`` (data-dependent output shape) is refused at trace time: XLA needs static shapes.
+- **export**: shapes may be symbolic (``jax.export.symbolic_shape("b, 16")``): output dims are
+  JAX dim expressions from kernel-core's symbolic inference. :func:`export` is
+  ``jax.export.export`` with the safety checks for polyop's targets disabled
+  (:func:`safety_checks`), so users never write them by hand.
 
 Enable float64 with ``jax.config.update("jax_enable_x64", True)`` as usual in JAX.
 
@@ -61,9 +65,10 @@ from jax import custom_batching  # noqa: E402
 
 import polyop  # noqa: E402
 
+from . import _shapes  # noqa: E402
 from ._library import Loaded, axis_attrs, backward_args, grads_by_input  # noqa: E402
 
-__all__ = ["load", "call", "vmap_strategy", "op_names"]
+__all__ = ["load", "call", "vmap_strategy", "op_names", "export", "safety_checks"]
 
 _LOCK = threading.Lock()
 _LIB: Loaded | None = None
@@ -153,6 +158,36 @@ def _load_authored(lib) -> Loaded:
         return loaded
 
 
+# ---------------------------------------------------------------------------- export
+
+
+def safety_checks() -> list:
+    """The ``jax.export.DisabledSafetyCheck``s that let ``jax.export`` serialize calls to
+    every polyop FFI target loaded in this process (the stock ones and authors'). JAX refuses
+    custom calls it does not know to be stable; polyop's targets keep their ABI for as long as
+    the library that registers them is the same build, which the process that deserializes
+    must load again (``polyop.jax.load()``) before calling."""
+    load()
+    targets = set(_LIB.handle.values())
+    for loaded in _AUTHORED.values():
+        targets.update(loaded.handle.values())
+    return [jax.export.DisabledSafetyCheck.custom_call(t) for t in sorted(targets)]
+
+
+def export(fn, *, platforms=None, disabled_checks=()):
+    """``jax.export.export`` for functions that call polyop ops: ``fn`` (jitted here if it is
+    not already) with :func:`safety_checks` added to ``disabled_checks``. Use it as
+    ``jax.export.export``: ``polyop.jax.export(f)(jax.ShapeDtypeStruct(
+    jax.export.symbolic_shape("b, 16"), jnp.float32)).serialize()``; shapes may be symbolic
+    (docs/shapes.md). To run the result elsewhere: ``polyop.jax.load()``, then
+    ``jax.export.deserialize(blob).call(x)``."""
+    if not hasattr(fn, "lower"):
+        fn = jax.jit(fn)
+    return jax.export.export(
+        fn, platforms=platforms, disabled_checks=[*safety_checks(), *disabled_checks]
+    )
+
+
 # ---------------------------------------------------------------------------- helpers
 
 
@@ -203,11 +238,30 @@ def _ffi_attr(v):
 
 
 def _spec(x):
-    return None if x is None else (tuple(int(d) for d in x.shape), _dtype_name(x.dtype))
+    """``(shape, dtype)`` of an operand; dims stay what JAX has (ints, or symbolic dims under
+    ``jax.export`` shape polymorphism)."""
+    return None if x is None else (tuple(x.shape), _dtype_name(x.dtype))
+
+
+def _sym_broadcast(a, b):
+    return jax.lax.broadcast_shapes((a,), (b,))[0]
 
 
 def _infer(name: str, specs, attrs: dict, src: _Src = _STOCK):
-    return src.meta.infer(name, list(specs), **attrs)
+    """Output ``(shape, dtype)``s from kernel-core's symbolic shape inference: symbolic input
+    dims go in as symbols and the output dims come back as JAX dim expressions of them
+    (docs/shapes.md). Requirements between symbolic dims are left to the kernel, which checks
+    them on the concrete shapes of every call (JAX dims cannot state them at export)."""
+    wire, env = _shapes.symbolic_specs(specs, jax.export.is_symbolic_dim)
+    r = src.meta.infer_symbolic(name, wire, **attrs)
+
+    def unknown():
+        raise NotImplementedError(
+            f"polyop.{name}: an output size is unknown before running; XLA needs static shapes"
+        )
+
+    ev = _shapes.Evaluator(env, jax.core.max_dim, _sym_broadcast, unknown)
+    return [(ev.shape(s), d) for s, d in r["outputs"]]
 
 
 def _axis_attrs(info: dict) -> tuple[str, ...] | None:

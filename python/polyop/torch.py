@@ -275,7 +275,11 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
             lambda d: isinstance(d, torch.SymInt),
         )
         attrs = {n: values[p] for n, p in attr_pos.items()}
-        r = meta.infer_symbolic(name, specs, **attrs)
+        try:
+            r = meta.infer_symbolic(name, specs, **attrs)
+        except (ValueError, TypeError) as e:
+            # torch's error type for bad op input, as the CPU and Meta kernels raise
+            raise RuntimeError(str(e)) from None
 
         def unknown():
             if not data_dependent:
