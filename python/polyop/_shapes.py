@@ -84,3 +84,34 @@ def check_constraints(constraints, ev: Evaluator, check: Callable[[Any, str], No
             continue
         a, b = ev.dim(lhs), ev.dim(rhs)
         check(a == b if rel == "eq" else a <= b, msg)
+
+
+def _paren(t):
+    return t if isinstance(t, int) or t.isidentifier() or t.startswith(("max(", "(")) else f"({t})"
+
+
+def onnx_dim(w):
+    """A wire-form dim as ONNX writes a dim: an int (``dim_value``), a string (``dim_param``:
+    a symbol, or the expression's text such as ``(H - 1) // 2 + 1``) or None (unknown).
+    Broadcasting that ONNX cannot name is unknown, as in ONNX's own shape inference."""
+    if w is None or isinstance(w, (int, str)):
+        return w
+    op, a, b = w
+    a, b = onnx_dim(a), onnx_dim(b)
+    if op == "broadcast":
+        for x, y in ((a, b), (b, a)):
+            if x == 1:
+                return y
+            if isinstance(x, int):
+                return x  # the other side is 1 or equal, or the model is invalid
+        return a if a == b else None
+    if a is None or b is None:
+        return None
+    if op == "max":
+        return f"max({a}, {b})"
+    sym = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//"}[op]
+    if op == "add" and isinstance(b, int) and b < 0:
+        return f"{a} - {-b}"
+    if op in ("add", "sub"):
+        return f"{a} {sym} {_paren(b) if op == 'sub' else b}"
+    return f"{_paren(a)}{sym if op == 'mul' else ' // '}{_paren(b)}"

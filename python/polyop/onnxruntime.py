@@ -45,10 +45,12 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import polyop  # noqa: E402
 
+from . import _shapes  # noqa: E402
 from ._library import Loaded  # noqa: E402
 
 __all__ = [
     "load",
+    "register_schemas",
     "DOMAIN",
     "OPSET_VERSION",
     "library_path",
@@ -116,6 +118,7 @@ def load(path: str | None = None) -> Loaded:
     (:func:`session_options` with ``library=path``). Nothing is registered until a session
     is made: ONNX Runtime registers a custom-op library per ``SessionOptions``."""
     lib_path, domain, meta = _lib(path)
+    register_schemas(path)
     key = None if path is None else lib_path
     lib = _loaded.get(key)
     if lib is None:
@@ -145,6 +148,123 @@ def session_options(library: str | None = None, **kw: Any) -> ort.SessionOptions
 def op_type(op: str, library: str | None = None) -> str:
     """The ONNX op type of polyop op ``op`` (``"topk"`` -> ``"TopK"``)."""
     return _lib(library)[2].op_info(op)["onnx_name"]
+
+
+# ---------------------------------------------------------------------------- OpSchemas
+
+_ONNX_TYPE_STR = {
+    "float16": "tensor(float16)",
+    "bfloat16": "tensor(bfloat16)",
+    "float32": "tensor(float)",
+    "float64": "tensor(double)",
+    "int32": "tensor(int32)",
+    "int64": "tensor(int64)",
+    "bool": "tensor(bool)",
+}
+_registered_schemas: set[str] = set()
+
+
+def _attr_from_proto(decl: dict, a: onnx.AttributeProto) -> Any:
+    v = helper.get_attribute_value(a)
+    if decl["type"] == "bool":
+        return bool(v)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "surrogateescape")
+    return list(v) if isinstance(v, (list, tuple)) or decl["type"].endswith("[]") else v
+
+
+def _schema_for(info: dict, domain: str, meta: Any) -> Any:
+    """The ``onnx.defs.OpSchema`` of one op, from its metadata: inputs (optional ones marked),
+    outputs, the type variable ``T`` over the op's dtypes, typed attributes with defaults,
+    and a shape-inference function that calls kernel-core's symbolic inference."""
+    from onnx.defs import OpSchema
+
+    op = info["name"]
+    F = OpSchema.FormalParameter
+    Opt = OpSchema.FormalParameterOption
+
+    def ty(d):
+        return "T" if d == "T" else _ONNX_TYPE_STR[d]
+
+    inputs = [F(i["name"], ty(i["dtype"]), "",
+                param_option=Opt.Optional if i["optional"] else Opt.Single)
+              for i in info["inputs"]]
+    outputs = [F(o["name"], ty(o["dtype"]), "") for o in info["outputs"]]
+    attrs = []
+    for a in info["attrs"]:
+        if a["required"] or a.get("default") is None:
+            kind = {"int": "INT", "bool": "INT", "float": "FLOAT", "str": "STRING",
+                    "int[]": "INTS", "float[]": "FLOATS"}[a["type"]]
+            attrs.append(OpSchema.Attribute(a["name"], getattr(OpSchema.AttrType, kind), "",
+                                            required=bool(a["required"])))
+        else:
+            attrs.append(OpSchema.Attribute(a["name"], _onnx_attr(op, a, a["default"]), ""))
+    schema = OpSchema(
+        info["onnx_name"], domain, OPSET_VERSION, info.get("doc", ""),
+        inputs=inputs, outputs=outputs,
+        type_constraints=[("T", [_ONNX_TYPE_STR[d] for d in info["dtypes"]], "")],
+        attributes=attrs,
+    )
+    decls = {a["name"]: a for a in info["attrs"]}
+    onnx_to_name = {v: k for k, v in _DTYPE_TO_ONNX.items()}
+
+    def infer(ctx):
+        specs = []
+        for i in range(len(info["inputs"])):
+            if i >= ctx.get_num_inputs() or not ctx.has_input(i):
+                specs.append(None)
+                continue
+            t = ctx.get_input_type(i)
+            if t is None or not t.HasField("tensor_type"):
+                return  # nothing known about this input yet
+            tt = t.tensor_type
+            dtype = onnx_to_name.get(tt.elem_type)
+            if dtype is None:
+                return
+            dims = None if not tt.HasField("shape") else [
+                d.dim_value if d.HasField("dim_value")
+                else (d.dim_param if d.HasField("dim_param") and d.dim_param else None)
+                for d in tt.shape.dim
+            ]
+            specs.append((dims, dtype))
+        given = {}
+        for name, decl in decls.items():
+            a = ctx.get_attribute(name)
+            if a is not None:
+                given[name] = _attr_from_proto(decl, a)
+        try:
+            r = meta.infer_symbolic(op, specs, **given)
+        except (TypeError, ValueError) as e:
+            raise onnx.shape_inference.InferenceError(str(e)) from None
+        for i, (shape, dtype) in enumerate(r["outputs"]):
+            if i < ctx.get_num_outputs() and ctx.has_output(i):
+                dims = None if shape is None else [_shapes.onnx_dim(d) for d in shape]
+                ctx.set_output_type(i, helper.make_tensor_type_proto(tensor_type(dtype), dims))
+
+    schema.set_type_and_shape_inference_function(infer)
+    return schema
+
+
+def register_schemas(library: str | None = None) -> list[str]:
+    """Register the ``onnx.defs`` OpSchemas of the library's domain (default: the stock
+    ``ai.polyop``; or an author's library path), once per process, so ``onnx.checker``
+    validates polyop nodes (attributes by name and type, input types) and
+    ``onnx.shape_inference`` types their outputs through kernel-core's shape inference, with
+    symbolic ``dim_param``s flowing through (``N`` in gives ``N`` out where the op says so;
+    conv2d gives ``(H - 1) // 2 + 1``). Called on import for the stock library. Returns the
+    op types registered now."""
+    _, domain, meta = _lib(library)
+    done = []
+    for info in meta.ops():
+        if info["flags"]["inplace"]:
+            continue
+        key = f"{domain}::{info['onnx_name']}"
+        if key in _registered_schemas or onnx.defs.has(info["onnx_name"], domain):
+            continue
+        onnx.defs.register_schema(_schema_for(info, domain, meta))
+        _registered_schemas.add(key)
+        done.append(info["onnx_name"])
+    return done
 
 
 def tensor_type(dtype: Any) -> int:
@@ -273,7 +393,8 @@ def make_model(
         graph_outputs = [helper.make_empty_tensor_value_info(n) for n in out_names]
     else:
         graph_outputs = [
-            helper.make_tensor_value_info(n, tensor_type(d), None if shp is None else list(shp))
+            helper.make_tensor_value_info(
+                n, tensor_type(d), None if shp is None else [_shapes.onnx_dim(x) for x in shp])
             for n, (shp, d) in zip(out_names, out_specs)
         ]
     graph = helper.make_graph([node], f"polyop_{op}", graph_inputs, graph_outputs)
@@ -367,3 +488,7 @@ def _bf16_numpy(v: ort.OrtValue) -> np.ndarray:
     buf = (ctypes.c_uint16 * max(n, 1)).from_address(v.data_ptr()) if n else None
     out = np.frombuffer(buf, dtype=np.uint16, count=n).copy() if n else np.zeros(0, np.uint16)
     return out.reshape(shape)
+
+
+# The stock domain's schemas, so onnx.checker / onnx.shape_inference know ai.polyop nodes.
+register_schemas()
