@@ -36,9 +36,14 @@ independent NumPy reference in `conformance/reference.py` (float16 rtol 1e-3, bf
 float32 1e-5, float64 1e-12; integers exact) and must be **bitwise identical** to the
 `native` backend (the NumPy core, `polyop.run`). Error cases must raise the framework's
 ordinary error with a message naming the op and the problem. `grad` columns are the
-framework's own gradient checks (float64). Cases: `conformance/cases.py`.
+framework's own gradient checks (float64). `symbolic` columns trace / compile / export each
+case once with every size larger than 1 symbolic (torch `torch.export` with `Dim`s, TF one
+`tf.function` with `None` dims, ONNX Runtime one session with `dim_param`s, JAX
+`jax.export` with symbolic shapes) and run that one artifact at three sizes (the case's, and
+every such size grown by 1 and by 3), each checked against the reference. Cases:
+`conformance/cases.py`.
 
-Run it: `python conformance/run.py` (all backends, ~8 min on 2 cores; `--backends torch,xla`,
+Run it: `python conformance/run.py` (all backends, ~13 min on 2 cores; `--backends torch,xla`,
 `--ops topk,gelu` to narrow it; `--render` re-renders this file from the last run's results in
 `target/conformance/results.json`). In CI, `conformance/test_conformance.py` runs the same
 suite, one pytest test per backend. The harness is the library `polyop.conformance`

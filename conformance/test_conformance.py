@@ -61,3 +61,9 @@ def test_backend(backend):
     for mode in run.modes:
         seen = {r.case_id for r in run.results if r.mode == mode}
         assert seen == ids, f"{backend} {mode}: {len(ids - seen)} case(s) never reported: {sorted(ids - seen)[:10]}"
+    # the symbolic mode (every framework backend) reported every case that is not an error case
+    if backend != "native":
+        want = {cs.id for cs in _stock_cases() if not cs.expect_error}
+        seen = {r.case_id for r in run.results if r.mode == "symbolic"}
+        assert seen == want, f"{backend} symbolic: {len(want - seen)} case(s) never reported"
+        assert sum(r.status == "pass" for r in run.results if r.mode == "symbolic") >= MIN_PASSED

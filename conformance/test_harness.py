@@ -306,3 +306,58 @@ def test_backward_reference_finite_difference_check_can_fail():
     assert not np.allclose(wrong, want, rtol=1e-6, atol=1e-7)
     right = stock_reference.softmax_backward(g, y)[0][0]
     np.testing.assert_allclose(right, want, rtol=1e-6, atol=1e-7)
+
+
+class FakeSymbolic(Fake):
+    """A backend with a symbolic mode whose artifact is ``fn`` built once for the pattern."""
+
+    symbolic = True
+
+    def __init__(self, name, build):
+        super().__init__(name, _native)
+        self.build = build
+        self.patterns = []
+
+    def run_symbolic(self, case, pattern, cases):
+        self.patterns.append(pattern)
+        f = self.build(case, pattern)
+        return [f(c) for c in cases]
+
+
+def _symbolic(backend, cases):
+    return [r for r in _one(backend, cases) if r.mode == "symbolic"]
+
+
+def test_symbolic_mode_runs_one_artifact_at_three_sizes():
+    seen = []
+
+    def build(case, pattern):
+        def f(c):
+            seen.append(np.shape(c.inputs[0]))
+            return _native(c)
+        return f
+
+    be = FakeSymbolic("sym", build)
+    rs = _symbolic(be, [Case("softmax", [X]), Case("negate", [np.float32(2.0)])])
+    assert [r.status for r in rs] == ["pass", "unsupported"], rs
+    assert "no dim larger than 1" in rs[1].detail
+    assert be.patterns == [[("s2", "s3")]]
+    assert seen == [(2, 3), (3, 4), (5, 6)]  # the case, then every dim > 1 grown by 1 and 3
+
+
+def test_symbolic_mode_catches_an_artifact_specialized_to_the_first_size():
+    def build(case, pattern):
+        first = _native(case)
+        return lambda c: first  # right at the traced size only
+
+    rs = _symbolic(FakeSymbolic("specialized", build), [Case("relu", [X])])
+    assert rs[0].status == "fail" and "relu(float32[3, 4])" in rs[0].detail, rs[0].detail
+
+
+def test_symbolic_mode_keeps_tied_sizes_tied_and_sizes_0_and_1_constant():
+    w = np.ones(3, np.float32)
+    x = np.ones((1, 3), np.float32)
+    be = FakeSymbolic("tied", lambda case, pattern: _native)
+    rs = _symbolic(be, [Case("rms_norm", [x, w])])
+    assert rs[0].status == "pass", rs[0].detail
+    assert be.patterns == [[(1, "s3"), ("s3",)]]

@@ -41,6 +41,14 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 
 #: The pseudo-mode under which gradient checks are reported.
 GRAD = "grad"
+#: The symbolic-shapes mode: traced / compiled / exported once with symbolic dims, run at
+#: several sizes (see :func:`symbolic_pattern`, :func:`grown`).
+SYMBOLIC = "symbolic"
+#: The sizes of the symbolic mode: every dim larger than 1 grown by these amounts.
+SYMBOLIC_GROWTH = (0, 1, 3)
+#: A case tag: the case's inputs are related by their values in a way growing them breaks
+#: (indices into another input), so the symbolic mode reports it unsupported.
+NOT_GROWABLE = "not-growable"
 
 
 # --------------------------------------------------------------------------------------
@@ -147,6 +155,16 @@ class Backend:
     def check_grad(self, case: Case) -> None:
         """Framework-native gradient check; raise AssertionError on failure."""
         raise NotImplementedError(f"backend {self.name} has no gradient check")
+
+    #: Whether this backend runs the symbolic mode (:meth:`run_symbolic`).
+    symbolic: bool = False
+
+    def run_symbolic(self, case: Case, pattern: list, cases: Sequence[Case]) -> list[list[np.ndarray]]:
+        """Trace / compile / export op ``case.op`` once for the input shapes ``pattern`` (per
+        input ``None`` or a tuple of ints and symbol names; equal names are equal sizes),
+        then run that one artifact on every case of ``cases`` (the same op and attributes at
+        sizes that fit the pattern). Returns the outputs per case."""
+        raise NotImplementedError(f"backend {self.name} has no symbolic mode")
 
     def error(self, case: Case, mode: str) -> BaseException:
         """Run a bad-input case and return the exception it raised (it must raise)."""
@@ -404,7 +422,110 @@ def run_cases(
                               baseline.name if baseline is not None else ""))
             if case.grad and not case.expect_error:
                 emit(_grad_one(backend, case))
+            if backend.symbolic and not case.expect_error:
+                emit(_symbolic_one(backend, case, reference,
+                                   base_out if baseline is not None and baseline.name != backend.name else None,
+                                   baseline.name if baseline is not None else ""))
     return results
+
+
+def symbolic_pattern(case: Case) -> list | None:
+    """The case's input shapes with every size larger than 1 made a symbol (``s<size>``:
+    equal sizes share one, so sizes an op ties together stay tied); 0 and 1 stay constants,
+    as frameworks specialize them. ``None`` when no dim is larger than 1."""
+    pats, any_sym = [], False
+    for a in case.inputs:
+        if a is None:
+            pats.append(None)
+            continue
+        p = tuple(f"s{d}" if d > 1 else int(d) for d in np.shape(a))
+        any_sym |= any(isinstance(x, str) for x in p)
+        pats.append(p)
+    return pats if any_sym else None
+
+
+def grown(case: Case, k: int) -> Case:
+    """The case with every dim larger than 1 grown by ``k``, the new elements repeating the
+    old ones along that dim (so values stay in the case's domain)."""
+    if k == 0:
+        return case
+    ins = []
+    for a in case.inputs:
+        if a is None:
+            ins.append(None)
+            continue
+        a = np.asarray(a)
+        for ax, d in enumerate(a.shape):
+            if d > 1:
+                a = np.take(a, np.arange(d + k) % d, axis=ax)
+        ins.append(a)
+    return Case(case.op, ins, dict(case.attrs), id=f"{case.id}+{k}", tolerance=case.tolerance,
+                ulps=case.ulps, tags=case.tags)
+
+
+def _symbolic_one(backend: Backend, case: Case, reference, base_out, base_name) -> Result:
+    r = Result(backend.name, SYMBOLIC, case.id, case.op, "forward", "fail")
+    t0 = time.perf_counter()
+    try:
+        why, err = _unsupported(backend, case, SYMBOLIC)
+        pattern = symbolic_pattern(case)
+        if err:
+            r.detail = err
+            return r
+        if NOT_GROWABLE in case.tags:
+            why = why or "the case's inputs hold indices into each other that growing would break"
+        if why or pattern is None:
+            r.status, r.detail = "unsupported", why or "no dim larger than 1 to make symbolic"
+            return r
+        # Sizes whose grown inputs the op accepts (growing can break a relation between sizes
+        # that are not equal, such as a conv2d gradient's size against its input's).
+        meta = getattr(backend, "meta", None)
+        cases, expected = [], []
+        for k in SYMBOLIC_GROWTH:
+            c = grown(case, k)
+            if meta is not None and k:
+                try:
+                    meta.infer(c.op, [None if a is None else (np.shape(a), dtype_name(a))
+                                      for a in c.inputs], **c.attrs)
+                except (TypeError, ValueError):
+                    continue
+            try:
+                expected.append(reference(c.op, list(c.inputs), dict(c.attrs)))
+            except Exception as e:  # noqa: BLE001
+                r.detail = f"reference failed at {c.describe()}: {_short(e)}"
+                return r
+            cases.append(c)
+        if len(cases) < len(SYMBOLIC_GROWTH):
+            r.status, r.detail = "unsupported", (
+                "inputs grown along every dim > 1 are not valid for this op (sizes it relates "
+                "by more than equality)")
+            return r
+        outs_per_case = backend.run_symbolic(case, pattern, cases)
+        for c, outs, exp in zip(cases, outs_per_case, expected):
+            outs = [np.asarray(o) for o in _as_list(outs)]
+            bad = compare_to_reference(c, outs, exp)
+            if bad:
+                r.detail = f"at {c.describe()}: vs reference: {bad}"
+                return r
+            if c is case and base_out is not None:
+                base, base_err = base_out(case)
+                if base_err:
+                    r.detail = base_err
+                    return r
+                if base is not None:
+                    bad = compare_bitwise(outs, base, base_name)
+                    if bad:
+                        r.detail = bad
+                        return r
+        r.status = "pass"
+        return r
+    except Exception as e:  # noqa: BLE001
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+        r.detail = _short(e) + where
+        return r
+    finally:
+        r.seconds = time.perf_counter() - t0
 
 
 def _unsupported(backend: Backend, case: Case, mode: str) -> tuple[str | None, str | None]:
@@ -533,8 +654,8 @@ def write_matrix(
             cols.append((r.backend, r.mode))
         if r.op not in ops:
             ops.append(r.op)
-    # grad columns after a backend's forward modes
-    cols.sort(key=lambda c: (backends.index(c[0]), c[1] == GRAD))
+    # grad and symbolic columns after a backend's forward modes
+    cols.sort(key=lambda c: (backends.index(c[0]), (c[1] == SYMBOLIC) + 2 * (c[1] == GRAD)))
     cell: dict[tuple[str, str, str], list[Result]] = defaultdict(list)
     for r in results:
         cell[(r.op, r.backend, r.mode)].append(r)

@@ -1,6 +1,7 @@
 """The ONNX Runtime backend: each case as a one-node ``ai.polyop`` model (concrete input
 shapes, absent optional inputs as empty names), run in an ``onnxruntime.InferenceSession``
-whose options register ``libpolyop_onnxruntime.so``.
+whose options register ``libpolyop_onnxruntime.so``. Symbolic mode: one model whose inputs
+have a ``dim_param`` per symbolic size, one session run at every size.
 
 Attributes go to the model with their natural ONNX types (SPEC §1: bool -> INT 0/1, int -> INT,
 float -> FLOAT, str -> STRING) and are *not* checked in Python, so bad-attribute cases exercise
@@ -74,11 +75,27 @@ class OnnxRuntimeBackend(Backend):
                 )
         return None
 
-    def _model(self, case: Case) -> onnx.ModelProto:
+    symbolic = True
+
+    def run_symbolic(self, case: Case, pattern: list, cases) -> list:
+        info = self.meta.op_info(case.op)
+        sess = pox.session(self._model(case, pattern), library=self.library)
+        in_names = [a["name"] for a in info["inputs"]]
+        out_names = [o["name"] for o in info["outputs"]]
+        res = []
+        for c in cases:
+            feed = {n: pox._feed(np.asarray(a)) for n, a in zip(in_names, c.inputs) if a is not None}
+            res.append([np.asarray(o) for o in pox._run_ortvalues(sess, feed, out_names)])
+        return res
+
+    def _model(self, case: Case, pattern: list | None = None) -> onnx.ModelProto:
         info = self.meta.op_info(case.op)
         in_names = [a["name"] for a in info["inputs"]]
         out_names = [o["name"] for o in info["outputs"]]
         present = [(n, np.asarray(a)) for n, a in zip(in_names, case.inputs) if a is not None]
+        # graph input shapes: the case's, or the pattern's `dim_param`s (symbolic mode)
+        shapes = [list(a.shape) for _, a in present] if pattern is None else [
+            list(p) for p in pattern if p is not None]
         node = helper.make_node(
             info["onnx_name"],
             [n if a is not None else "" for n, a in zip(in_names, case.inputs)],
@@ -89,7 +106,8 @@ class OnnxRuntimeBackend(Backend):
         graph = helper.make_graph(
             [node],
             f"conformance_{case.op}",
-            [helper.make_tensor_value_info(n, pox.tensor_type(a.dtype), list(a.shape)) for n, a in present],
+            [helper.make_tensor_value_info(n, pox.tensor_type(a.dtype), shape)
+             for (n, a), shape in zip(present, shapes)],
             # Untyped outputs: ONNX Runtime takes types and shapes from the library's inference.
             [helper.make_empty_tensor_value_info(n) for n in out_names],
         )

@@ -3,7 +3,8 @@ which adds gradients and exact static shapes) in eager mode and under ``tf.funct
 input signature of ``None`` dims (graph mode: TF runs the ops' shape functions); there the
 concrete function's static output shapes must equal what kernel-core infers for the same
 partially known inputs. Gradients: ``tf.test.compute_gradient`` in float64 (theoretical vs
-numerical Jacobians)."""
+numerical Jacobians). Symbolic mode: one ``tf.function`` concrete function traced with
+``None`` for every symbolic dim, called at every size (no retracing)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,30 @@ class TensorFlowBackend(Backend):
         if mode == GRAD and not info.get("backward"):
             return "op has no gradient"
         return None
+
+    symbolic = True
+
+    def run_symbolic(self, case: Case, pattern: list, cases) -> list:
+        op = getattr(self.ops, case.op)
+        attrs = dict(case.attrs)
+        present = [k for k, p in enumerate(pattern) if p is not None]
+        signature = [tf.TensorSpec([None if isinstance(d, str) else d for d in pattern[k]],
+                                   to_tf(case.inputs[k]).dtype) for k in present]
+
+        def fn(*xs):
+            full = [None] * len(pattern)
+            for k, x in zip(present, xs):
+                full[k] = x
+            return op(*full, **attrs)
+
+        f = tf.function(fn, input_signature=signature)
+        res = []
+        for c in cases:
+            out = f(*[to_tf(c.inputs[k]) for k in present])
+            res.append([to_numpy(o) for o in (out if isinstance(out, (tuple, list)) else [out])])
+        if f.experimental_get_tracing_count() != 1:
+            raise AssertionError(f"traced {f.experimental_get_tracing_count()} times, not once")
+        return res
 
     def _call(self, case: Case, mode: str, args: list):
         op = getattr(self.ops, case.op)

@@ -1,6 +1,8 @@
 """The PyTorch backend: ``torch.ops.polyop.<op>`` from ``libpolyop_torch.so`` (loaded through
-``polyop.torch.load()``, which adds autograd), in eager mode and under
-``torch.compile(fullgraph=True)``; gradients with ``torch.autograd.gradcheck`` in float64."""
+``polyop.torch.load()``, which adds autograd and the fake kernels), in eager mode and under
+``torch.compile(fullgraph=True)``; gradients with ``torch.autograd.gradcheck`` in float64.
+Symbolic mode: ``torch.export`` once with a ``Dim`` per symbolic size, the exported module run
+at every size."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 import polyop
 import polyop.torch as polyop_torch
 
-from ..harness import GRAD, Backend, Case
+from ..harness import GRAD, SYMBOLIC, Backend, Case
 
 
 
@@ -68,7 +70,41 @@ class TorchBackend(Backend):
             )
         if mode == GRAD and not info.get("backward"):
             return "op has no gradient"
+        if mode == SYMBOLIC and info["flags"]["inplace"]:
+            return ("torch.export functionalizes mutation; an op whose return aliases its "
+                    "mutated input cannot be exported")
         return None
+
+    symbolic = True
+
+    def run_symbolic(self, case: Case, pattern: list, cases) -> list:
+        op = getattr(self.ops, case.op)
+        attrs = dict(case.attrs)
+
+        class Op(torch.nn.Module):
+            def forward(self, *xs):
+                return op(*xs, **attrs)
+
+        # Each symbol's lower bound: 2 (torch specializes 0 and 1), raised where the op
+        # requires `c <= symbol` (topk's k), which torch.export wants stated in the Dim.
+        least = {d: 2 for p in pattern if p is not None for d in p if isinstance(d, str)}
+        specs = [None if p is None else (p, np.asarray(a).dtype.name)
+                 for p, a in zip(pattern, case.inputs)]
+        for rel, lhs, rhs, _ in self.meta.infer_symbolic(case.op, specs, **attrs)["constraints"]:
+            if rel == "le" and isinstance(lhs, int) and isinstance(rhs, str):
+                least[rhs] = max(least[rhs], lhs)
+        dims = {d: torch.export.Dim(d, min=m) for d, m in least.items()}
+        dynamic = tuple(
+            None if p is None else ({i: dims[d] for i, d in enumerate(p) if isinstance(d, str)} or None)
+            for p in pattern
+        )
+        ep = torch.export.export(Op(), tuple(self._inputs(case)), dynamic_shapes={"xs": dynamic})
+        m = ep.module()
+        res = []
+        for c in cases:
+            out = m(*self._inputs(c))
+            res.append([to_numpy(o) for o in (out if isinstance(out, (tuple, list)) else [out])])
+        return res
 
     def _call(self, case: Case, mode: str, args: list):
         op = getattr(self.ops, case.op)

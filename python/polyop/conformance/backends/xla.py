@@ -12,6 +12,8 @@ Modes:
 Gradients: ``jax.test_util.check_grads(order=1, modes=["rev"])`` in float64 over the float
 inputs (``jax_enable_x64`` is switched on when this module is imported). ``nonzero`` (a
 data-dependent output shape) is unsupported under XLA: static shapes only.
+Symbolic mode: ``polyop.jax.export`` once with ``jax.export.symbolic_shape`` dims, the
+exported function called at every size.
 """
 
 from __future__ import annotations
@@ -69,6 +71,18 @@ class XlaBackend(Backend):
         if mode == "grad" and not info.get("backward"):
             return "op has no gradient"
         return None
+
+    symbolic = True
+
+    def run_symbolic(self, case: Case, pattern: list, cases) -> list:
+        names = sorted({d for p in pattern if p is not None for d in p if isinstance(d, str)})
+        syms = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
+        specs = [jax.ShapeDtypeStruct(tuple(syms[d] if isinstance(d, str) else d for d in p),
+                                      jnp.asarray(x).dtype)
+                 for p, x in zip(pattern, case.inputs) if p is not None]
+        exp = pj.export(_fn(case, self.call))(*specs)
+        return [[np.asarray(o) for o in exp.call(*[jnp.asarray(x) for x in _present(c)])]
+                for c in cases]
 
     def _jit(self, case: Case):
         return [np.asarray(o) for o in jax.jit(_fn(case, self.call))(*[jnp.asarray(x) for x in _present(case)])]
