@@ -503,26 +503,15 @@ def _symbolic_one(backend: Backend, case: Case, reference, base_out, base_name) 
         outs_per_case = backend.run_symbolic(case, pattern, cases)
         for c, outs, exp in zip(cases, outs_per_case, expected):
             outs = [np.asarray(o) for o in _as_list(outs)]
-            bad = compare_to_reference(c, outs, exp)
+            # bitwise against the baseline at the case's own size (the baseline ran only it)
+            bad = _check_outputs(c, outs, exp, base_out if c is case else None, base_name)
             if bad:
-                r.detail = f"at {c.describe()}: vs reference: {bad}"
+                r.detail = f"at {c.describe()}: {bad}"
                 return r
-            if c is case and base_out is not None:
-                base, base_err = base_out(case)
-                if base_err:
-                    r.detail = base_err
-                    return r
-                if base is not None:
-                    bad = compare_bitwise(outs, base, base_name)
-                    if bad:
-                        r.detail = bad
-                        return r
         r.status = "pass"
         return r
     except Exception as e:  # noqa: BLE001
-        tb = traceback.extract_tb(e.__traceback__)
-        where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-        r.detail = _short(e) + where
+        r.detail = _raised(e)
         return r
     finally:
         r.seconds = time.perf_counter() - t0
@@ -533,6 +522,28 @@ def _unsupported(backend: Backend, case: Case, mode: str) -> tuple[str | None, s
         return backend.unsupported(case, mode), None
     except Exception as e:  # noqa: BLE001
         return None, f"unsupported() raised {_short(e)}"
+
+
+def _raised(e: BaseException) -> str:
+    """An unexpected exception as a result detail, with where it was raised."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    return _short(e) + where
+
+
+def _check_outputs(case: Case, outs: list, exp: Any, base_out, base_name: str) -> str | None:
+    """What is wrong with ``outs`` against the reference ``exp`` and, when ``base_out`` is
+    given, bitwise against the baseline backend's outputs for ``case``; None when right."""
+    bad = compare_to_reference(case, outs, exp)
+    if bad:
+        return f"vs reference: {bad}"
+    if base_out is not None:
+        base, base_err = base_out(case)
+        if base_err:
+            return base_err
+        if base is not None:
+            return compare_bitwise(outs, base, base_name)
+    return None
 
 
 def _run_one(backend, mode, case, expected, base_out, base_name) -> Result:
@@ -571,29 +582,17 @@ def _run_one(backend, mode, case, expected, base_out, base_name) -> Result:
             r.detail = ref_err
             return r
         outs = [np.asarray(o) for o in _as_list(backend.run(case, mode))]
-        bad = compare_to_reference(case, outs, exp)
+        bad = _check_outputs(case, outs, exp, base_out, base_name)
         if bad:
-            r.detail = f"vs reference: {bad}"
+            r.detail = bad
             return r
-        if base_out is not None:
-            base, base_err = base_out(case)
-            if base_err:
-                r.detail = base_err
-                return r
-            if base is not None:
-                bad = compare_bitwise(outs, base, base_name)
-                if bad:
-                    r.detail = bad
-                    return r
         if not _inputs_unchanged(case, snap):
             r.detail = "the backend modified an input array"
             return r
         r.status = "pass"
         return r
     except Exception as e:  # noqa: BLE001
-        tb = traceback.extract_tb(e.__traceback__)
-        where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-        r.detail = _short(e) + where
+        r.detail = _raised(e)
         return r
     finally:
         r.seconds = time.perf_counter() - t0
