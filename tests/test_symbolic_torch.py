@@ -1,8 +1,8 @@
 """Symbolic shapes in PyTorch: a small decoder block (RMSNorm, softmax attention, GELU MLP)
 built from polyop ops compiles once across sequence lengths under
 ``torch.compile(dynamic=True)``, exports with a dynamic sequence ``Dim``, and the saved
-program reloads and runs at new sizes in a fresh process that loads only torch and
-``libpolyop_torch.so``. References: the same block with torch's built-in ops, and the source's
+program (and an AOTInductor package of it) reloads and runs at new sizes in a fresh process
+that loads only torch and ``libpolyop_torch.so``. References: the same block with torch's built-in ops, and the source's
 eager outputs."""
 
 from __future__ import annotations
@@ -191,3 +191,34 @@ def test_constraint_between_symbolic_sizes_is_checked():
     x, w = torch.randn(2, 20), torch.rand(20) + 0.5
     torch.testing.assert_close(ep.module()(x, w), F.rms_norm(x, (20,), w, eps=1e-6),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_aot_inductor_package_runs_in_a_fresh_process(tmp_path):
+    model = Block(builtin=False)
+    seq = torch.export.Dim("seq", min=2, max=128)
+    ep = torch.export.export(model, (inputs(8),), dynamic_shapes=({1: seq},))
+    pkg = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block_aoti.pt2"))
+    sizes = (4, 19, 33)
+    rtol, _ = rtol_atol("float32", ulps=64)
+    for s in sizes:
+        x = inputs(s)
+        np.save(tmp_path / f"x{s}.npy", x.numpy())
+        np.save(tmp_path / f"y{s}.npy", model(x).detach().numpy())
+    r = run_fresh(f"""
+        import sys
+        import numpy as np, torch
+        torch.ops.load_library({str(LIB)!r})
+        m = torch._inductor.aoti_load_package({pkg!r})
+        for s in {sizes!r}:
+            x = torch.from_numpy(np.load({str(tmp_path)!r} + f"/x{{s}}.npy"))
+            y = m(x).detach().numpy()
+            want = np.load({str(tmp_path)!r} + f"/y{{s}}.npy")
+            assert y.shape == want.shape, (y.shape, want.shape)
+            # Inductor may fuse and reorder the built-in ops around polyop's kernels
+            np.testing.assert_allclose(y, want, rtol={rtol!r}, atol={rtol!r} * np.abs(want).max())
+            assert np.abs(want).max() > 0.1
+        assert "polyop" not in sys.modules
+        print("ok", len({sizes!r}))
+    """)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == f"ok {len(sizes)}"
