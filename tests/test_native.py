@@ -89,6 +89,31 @@ def test_infer_concrete_and_unknown_dims():
     assert dt == "int64" and len(shape) == 2 and shape[1] == 2 and shape[0] is None
 
 
+def test_infer_symbolic_dims_through_the_core_and_a_library_json():
+    from polyop._library import STOCK, open_library
+
+    conv = [(("n", 3, "h", "w"), "float32"), ((4, 3, 3, 3), "float32")]
+    want_h = ["add", ["floordiv", ["add", "h", -3], 2], 1]  # (h + 2*0 - 3) // 2 + 1
+    lib = open_library(polyop.library_path("xla"))  # the same registry through polyop_infer JSON
+    for meta in (STOCK, lib):
+        r = meta.infer_symbolic("conv2d", conv, stride=2)
+        (shape, dt), = r["outputs"]
+        assert dt == "float32" and shape[0] == "n" and shape[1] == 4, r
+        assert [list(d) if isinstance(d, (list, tuple)) else d for d in shape[2:3]] == [want_h], r
+        assert [c[:3] for c in r["constraints"]] == [["le", 3, "h"], ["le", 3, "w"]], r
+        assert "kernel size 3x3 is larger than the padded input" in r["constraints"][0][3]
+        # padding 1: the size is the input's own symbol again
+        r = meta.infer_symbolic("conv2d", conv, padding=1)
+        assert list(r["outputs"][0][0]) == ["n", 4, "h", "w"], r
+        # a requirement between two symbols; a contradiction between known sizes is an error
+        r = meta.infer_symbolic("rms_norm", [(("b", "d"), "float32"), (("e",), "float32")])
+        assert [c[:3] for c in r["constraints"]] == [["eq", "e", "d"]], r
+        with pytest.raises(ValueError, match="weight must have shape"):
+            meta.infer_symbolic("rms_norm", [(("b", 4), "float32"), ((5,), "float32")])
+    # polyop.infer gives the same output dims (without the constraints)
+    assert polyop.infer("topk", [(("b", "n"), "float32")], k=3) == [(("b", 3), "float32"), (("b", 3), "int64")]
+
+
 def test_infer_unknown_rank_and_optional_inputs():
     assert polyop.infer("negate", [(None, "int64")]) == [(None, "int64")]
     # trailing optional input may be left out or given as None
