@@ -1,5 +1,5 @@
-"""ONNX: the ``ai.polyop`` OpSchemas registered with ``onnx.defs`` (by ``import
-polyop.onnxruntime``) let ``onnx.checker`` validate polyop nodes and ``onnx.shape_inference``
+"""ONNX: the ``ai.polyop`` OpSchemas registered with ``onnx.defs`` (by ``import polyop.onnx``,
+which ``polyop.onnxruntime`` imports) let ``onnx.checker`` validate polyop nodes and ``onnx.shape_inference``
 type their outputs, symbolic ``dim_param``s flowing through; ONNX Runtime sessions with free
 dims run at several sizes. Expected shapes are written out by hand; values are checked
 against NumPy."""

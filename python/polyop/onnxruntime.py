@@ -22,6 +22,10 @@ used the same way: ``lib = pox.load(path)``, or pass ``library=path`` to any hel
 domain, op types, schemas and output shapes then come from that library's own metadata):
 ``pox.make_model("swiglu", [x, g], library=path)``.
 
+Importing it imports :mod:`polyop.onnx`, which registers the ``ai.polyop`` OpSchemas with
+``onnx.defs`` (``onnx.checker`` and ``onnx.shape_inference`` then know polyop nodes);
+:func:`register_schemas` does the same for an author's library.
+
 Attributes follow SPEC §1: a ``bool`` is an INT attribute 0/1 (ONNX has no bool), a ``float``
 a FLOAT, a ``str`` a STRING; absent optional inputs are empty input names.
 
@@ -46,7 +50,10 @@ from onnx import TensorProto, helper  # noqa: E402
 import polyop  # noqa: E402
 
 from . import _shapes  # noqa: E402
+from . import onnx as _onnx  # noqa: E402  (registers the ai.polyop OpSchemas)
 from ._library import Loaded  # noqa: E402
+from .onnx import DOMAIN, OPSET_VERSION, tensor_type  # noqa: E402,F401
+from .onnx import onnx_attr as _onnx_attr  # noqa: E402
 
 __all__ = [
     "load",
@@ -63,32 +70,12 @@ __all__ = [
     "tensor_type",
 ]
 
-#: The ONNX domain of every polyop op, and its (only) version.
-DOMAIN = "ai.polyop"
-OPSET_VERSION = 1
 #: Default opset for the standard ONNX domain in models built here (Gelu needs 20).
 ONNX_OPSET = 20
 #: IR version of models built here: IR 10 (ONNX 1.16) is understood by every onnxruntime
 #: release the library supports that also has opset 20 (the onnx package may default to a
 #: newer IR than the installed onnxruntime accepts).
 IR_VERSION = 10
-
-_DTYPE_TO_ONNX = {
-    "float16": TensorProto.FLOAT16,
-    "bfloat16": TensorProto.BFLOAT16,
-    "float32": TensorProto.FLOAT,
-    "float64": TensorProto.DOUBLE,
-    "int32": TensorProto.INT32,
-    "int64": TensorProto.INT64,
-    "bool": TensorProto.BOOL,
-    "int8": TensorProto.INT8,
-    "uint8": TensorProto.UINT8,
-    "int16": TensorProto.INT16,
-    "uint16": TensorProto.UINT16,
-    "uint32": TensorProto.UINT32,
-    "uint64": TensorProto.UINT64,
-}
-
 
 def library_path() -> str:
     """Path of ``libpolyop_onnxruntime.so`` (``$POLYOP_LIB_DIR`` or the checkout's build)."""
@@ -150,161 +137,12 @@ def op_type(op: str, library: str | None = None) -> str:
     return _lib(library)[2].op_info(op)["onnx_name"]
 
 
-# ---------------------------------------------------------------------------- OpSchemas
-
-_ONNX_TYPE_STR = {
-    "float16": "tensor(float16)",
-    "bfloat16": "tensor(bfloat16)",
-    "float32": "tensor(float)",
-    "float64": "tensor(double)",
-    "int32": "tensor(int32)",
-    "int64": "tensor(int64)",
-    "bool": "tensor(bool)",
-}
-_registered_schemas: set[str] = set()
-
-
-def _attr_from_proto(decl: dict, a: onnx.AttributeProto) -> Any:
-    v = helper.get_attribute_value(a)
-    if decl["type"] == "bool":
-        return bool(v)
-    if isinstance(v, bytes):
-        return v.decode("utf-8", "surrogateescape")
-    return list(v) if isinstance(v, (list, tuple)) or decl["type"].endswith("[]") else v
-
-
-def _schema_for(info: dict, domain: str, meta: Any) -> Any:
-    """The ``onnx.defs.OpSchema`` of one op, from its metadata: inputs (optional ones marked),
-    outputs, the type variable ``T`` over the op's dtypes, typed attributes with defaults,
-    and a shape-inference function that calls kernel-core's symbolic inference."""
-    from onnx.defs import OpSchema
-
-    op = info["name"]
-    F = OpSchema.FormalParameter
-    Opt = OpSchema.FormalParameterOption
-
-    def ty(d):
-        return "T" if d == "T" else _ONNX_TYPE_STR[d]
-
-    inputs = [F(i["name"], ty(i["dtype"]), "",
-                param_option=Opt.Optional if i["optional"] else Opt.Single)
-              for i in info["inputs"]]
-    outputs = [F(o["name"], ty(o["dtype"]), "") for o in info["outputs"]]
-    attrs = []
-    for a in info["attrs"]:
-        if a["required"] or a.get("default") is None:
-            kind = {"int": "INT", "bool": "INT", "float": "FLOAT", "str": "STRING",
-                    "int[]": "INTS", "float[]": "FLOATS"}[a["type"]]
-            attrs.append(OpSchema.Attribute(a["name"], getattr(OpSchema.AttrType, kind), "",
-                                            required=bool(a["required"])))
-        else:
-            attrs.append(OpSchema.Attribute(a["name"], _onnx_attr(op, a, a["default"]), ""))
-    schema = OpSchema(
-        info["onnx_name"], domain, OPSET_VERSION, info.get("doc", ""),
-        inputs=inputs, outputs=outputs,
-        type_constraints=[("T", [_ONNX_TYPE_STR[d] for d in info["dtypes"]], "")],
-        attributes=attrs,
-    )
-    decls = {a["name"]: a for a in info["attrs"]}
-    onnx_to_name = {v: k for k, v in _DTYPE_TO_ONNX.items()}
-
-    def infer(ctx):
-        specs = []
-        for i in range(len(info["inputs"])):
-            if i >= ctx.get_num_inputs() or not ctx.has_input(i):
-                specs.append(None)
-                continue
-            t = ctx.get_input_type(i)
-            if t is None or not t.HasField("tensor_type"):
-                return  # nothing known about this input yet
-            tt = t.tensor_type
-            dtype = onnx_to_name.get(tt.elem_type)
-            if dtype is None:
-                return
-            dims = None if not tt.HasField("shape") else [
-                d.dim_value if d.HasField("dim_value")
-                else (d.dim_param if d.HasField("dim_param") and d.dim_param else None)
-                for d in tt.shape.dim
-            ]
-            specs.append((dims, dtype))
-        given = {}
-        for name, decl in decls.items():
-            a = ctx.get_attribute(name)
-            if a is not None:
-                given[name] = _attr_from_proto(decl, a)
-        try:
-            r = meta.infer_symbolic(op, specs, **given)
-        except (TypeError, ValueError) as e:
-            raise onnx.shape_inference.InferenceError(str(e)) from None
-        for i, (shape, dtype) in enumerate(r["outputs"]):
-            if i < ctx.get_num_outputs() and ctx.has_output(i):
-                dims = None if shape is None else [_shapes.onnx_dim(d) for d in shape]
-                ctx.set_output_type(i, helper.make_tensor_type_proto(tensor_type(dtype), dims))
-
-    schema.set_type_and_shape_inference_function(infer)
-    return schema
-
-
 def register_schemas(library: str | None = None) -> list[str]:
     """Register the ``onnx.defs`` OpSchemas of the library's domain (default: the stock
-    ``ai.polyop``; or an author's library path), once per process, so ``onnx.checker``
-    validates polyop nodes (attributes by name and type, input types) and
-    ``onnx.shape_inference`` types their outputs through kernel-core's shape inference, with
-    symbolic ``dim_param``s flowing through (``N`` in gives ``N`` out where the op says so;
-    conv2d gives ``(H - 1) // 2 + 1``). Called on import for the stock library. Returns the
-    op types registered now."""
+    ``ai.polyop``, registered on import; or an author's library path): see
+    :func:`polyop.onnx.register_schemas`. Returns the op types registered now."""
     _, domain, meta = _lib(library)
-    done = []
-    for info in meta.ops():
-        if info["flags"]["inplace"]:
-            continue
-        key = f"{domain}::{info['onnx_name']}"
-        if key in _registered_schemas or onnx.defs.has(info["onnx_name"], domain):
-            continue
-        onnx.defs.register_schema(_schema_for(info, domain, meta))
-        _registered_schemas.add(key)
-        done.append(info["onnx_name"])
-    return done
-
-
-def tensor_type(dtype: Any) -> int:
-    """ONNX ``TensorProto`` element type for a NumPy dtype or polyop dtype name."""
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    if name in _DTYPE_TO_ONNX:
-        return _DTYPE_TO_ONNX[name]
-    return helper.np_dtype_to_tensor_dtype(np.dtype(name))
-
-
-def _onnx_attr(op: str, decl: dict, value: Any) -> onnx.AttributeProto:
-    """One attribute as ONNX wants it for the schema's declared type."""
-    name, ty = decl["name"], decl["type"]
-    A = onnx.AttributeProto
-    try:
-        if ty == "bool":
-            if not isinstance(value, (bool, int, np.bool_, np.integer)) or int(value) not in (0, 1):
-                raise TypeError
-            return helper.make_attribute(name, int(value), attr_type=A.INT)
-        if ty == "int":
-            if not isinstance(value, (int, np.integer)):
-                raise TypeError
-            return helper.make_attribute(name, int(value), attr_type=A.INT)
-        if ty == "float":
-            if not isinstance(value, (float, int, np.floating, np.integer)) or isinstance(value, bool):
-                raise TypeError
-            return helper.make_attribute(name, float(value), attr_type=A.FLOAT)
-        if ty == "str":
-            if not isinstance(value, str):
-                raise TypeError
-            return helper.make_attribute(name, value, attr_type=A.STRING)
-        if ty == "int[]":
-            return helper.make_attribute(name, [int(v) for v in value], attr_type=A.INTS)
-        if ty == "float[]":
-            return helper.make_attribute(name, [float(v) for v in value], attr_type=A.FLOATS)
-    except TypeError:
-        raise TypeError(
-            f"polyop.{op}: attribute `{name}` must be {ty}, got {type(value).__name__}"
-        ) from None
-    raise TypeError(f"polyop.{op}: attribute `{name}` has unsupported type {ty}")
+    return _onnx.register_schemas(meta, domain)
 
 
 def make_node(
@@ -490,5 +328,3 @@ def _bf16_numpy(v: ort.OrtValue) -> np.ndarray:
     return out.reshape(shape)
 
 
-# The stock domain's schemas, so onnx.checker / onnx.shape_inference know ai.polyop nodes.
-register_schemas()
