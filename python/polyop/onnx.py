@@ -212,5 +212,14 @@ def onnx_attr(op: str, decl: dict, value: Any) -> onnx.AttributeProto:
     raise TypeError(f"polyop.{op}: attribute `{name}` has unsupported type {ty}")
 
 
+# onnx.reference (which onnxscript imports) builds a table of every registered schema by op
+# name when it is first imported and refuses two domains with one name (ai.polyop's Gelu,
+# Softmax, TopK, ... and the standard ones). Built before ours are registered, it holds only
+# the standard ops, as it expects.
+try:
+    import onnx.reference.op_run  # noqa: F401
+except ImportError:  # pragma: no cover - an onnx without the reference evaluator
+    pass
+
 # The stock domain's schemas, so onnx.checker / onnx.shape_inference / onnxscript know them.
 register_schemas()

@@ -56,7 +56,7 @@ import polyop  # noqa: E402
 from . import _library, _shapes  # noqa: E402
 from ._library import Loaded, backward_args, grads_by_input  # noqa: E402
 
-__all__ = ["load", "ops", "library_path"]
+__all__ = ["load", "ops", "library_path", "onnx_translation_table", "register_onnx_symbolics"]
 
 _lock = threading.Lock()
 _loaded: Loaded | None = None
@@ -304,3 +304,117 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     torch.library.register_fake(f"{ns}::{name}", fake, allow_override=True)
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX export: torch.onnx.export to ai.polyop nodes
+
+_PY_ATTR_TYPES = {"int": int, "float": float, "bool": bool, "str": str,
+                  "int[]": "Sequence[int]", "float[]": "Sequence[float]"}
+
+
+def _exported_ops(library: str | None):
+    """(namespace, metadata source, op infos) of the stock or an author's torch library,
+    without in-place ops (ONNX has no mutation)."""
+    loaded = load(library)
+    meta = polyop if loaded.library is None else loaded.library
+    return loaded.name, meta, [i for i in meta.ops() if not i["flags"]["inplace"]]
+
+
+def _onnx_attrs(info: dict, values: dict) -> dict:
+    """Attribute values as the ai.polyop schema types them (a bool is an INT 0/1, SPEC §1);
+    absent ones (None) are left to the schema's defaults."""
+    out = {}
+    for d in info["attrs"]:
+        v = values.get(d["name"])
+        if v is None:
+            continue
+        out[d["name"]] = int(v) if d["type"] == "bool" else v
+    return out
+
+
+def _translation(info: dict, opset: Any):
+    """An onnxscript-traceable function for one op: its signature is the op's schema
+    (tensors, then typed attributes with defaults), its body one ai.polyop node."""
+    import inspect
+
+    P = inspect.Parameter
+    params = [P(i["name"], P.POSITIONAL_OR_KEYWORD, default=None if i["optional"] else P.empty)
+              for i in info["inputs"]]
+    params += [P(a["name"], P.POSITIONAL_OR_KEYWORD,
+                 default=None if a["required"] else a.get("default"),
+                 annotation=_PY_ATTR_TYPES[a["type"]])
+               for a in info["attrs"]]
+    sig = inspect.Signature(params)
+    names = [i["name"] for i in info["inputs"]]
+
+    def translate(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        tensors = [bound.arguments[n] for n in names]
+        while tensors and tensors[-1] is None:  # absent trailing optional inputs
+            tensors.pop()
+        return getattr(opset, info["onnx_name"])(*tensors, **_onnx_attrs(info, bound.arguments))
+
+    translate.__name__ = translate.__qualname__ = info["name"]
+    translate.__signature__ = sig
+    translate.__annotations__ = {a["name"]: _PY_ATTR_TYPES[a["type"]] for a in info["attrs"]}
+    return translate
+
+
+def onnx_translation_table(library: str | None = None, domain: str | None = None) -> dict:
+    """The ``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``: every
+    op of the library (default: the stock one) becomes one ``ai.polyop`` node with the
+    schema's attributes, so a model using polyop ops exports with::
+
+        torch.onnx.export(model, args, dynamo=True,
+                          custom_translation_table=polyop.torch.onnx_translation_table())
+
+    The exported model imports the ``ai.polyop`` domain (version 1), dynamic dims stay
+    ``dim_param``s, and it runs in ONNX Runtime with polyop's library
+    (``polyop.onnxruntime.session_options()``). ``domain``: an author's library's ONNX domain
+    (its ONNX Runtime library's name); the stock domain by default. Needs ``onnxscript``."""
+    import onnxscript
+
+    from . import onnx as polyop_onnx  # registers the OpSchemas onnxscript builds nodes from
+
+    ns, meta, infos = _exported_ops(library)
+    domain = domain or polyop_onnx.DOMAIN
+    if library is not None:
+        polyop_onnx.register_schemas(meta, domain)
+    opset = onnxscript.values.Opset(domain, polyop_onnx.OPSET_VERSION)
+    handle = getattr(torch.ops, ns)
+    return {getattr(handle, i["name"]).default: _translation(i, opset) for i in infos}
+
+
+def register_onnx_symbolics(library: str | None = None, domain: str | None = None) -> list[str]:
+    """Register a ``torch.onnx.register_custom_op_symbolic`` for every op, for the TorchScript
+    exporter (``torch.onnx.export(..., dynamo=False)``): each call becomes one ``ai.polyop``
+    node with the schema's attributes; pass ``custom_opsets={"ai.polyop": 1}`` to the export.
+    Returns the registered ``ns::name``s."""
+    from torch.onnx import symbolic_helper as sh
+
+    from . import onnx as polyop_onnx
+
+    ns, meta, infos = _exported_ops(library)
+    domain = domain or polyop_onnx.DOMAIN
+    kinds = {"int": "i", "float": "f", "bool": "b", "str": "s", "int[]": "is", "float[]": "fs"}
+    suffix = {"int": "i", "float": "f", "bool": "i", "str": "s", "int[]": "i", "float[]": "f"}
+    done = []
+    for info in infos:
+        n_in = len(info["inputs"])
+
+        def symbolic(g, *args, info=info, n_in=n_in):
+            tensors = list(args[:n_in])
+            while tensors and sh._is_none(tensors[-1]):
+                tensors.pop()
+            values = {d["name"]: (None if sh._is_none(v) else sh._maybe_get_const(v, kinds[d["type"]]))
+                      for d, v in zip(info["attrs"], args[n_in:])}
+            attrs = {f"{k}_{suffix[d['type']]}": v for d in info["attrs"]
+                     for k, v in _onnx_attrs(info, values).items() if k == d["name"]}
+            return g.op(f"{domain}::{info['onnx_name']}", *tensors, outputs=len(info["outputs"]),
+                        **attrs)
+
+        torch.onnx.register_custom_op_symbolic(f"{ns}::{info['name']}", symbolic, 1)
+        done.append(f"{ns}::{info['name']}")
+    return done
