@@ -79,6 +79,20 @@ def _spec(t: Any) -> tuple | None:
     return (dims, t.dtype.name)
 
 
+def _in_xla_compile() -> bool:
+    """Whether the graph being traced will be compiled by XLA (``tf.function(jit_compile=True)``,
+    here or in an outer function), where a custom op without an XLA lowering cannot run. TF
+    offers no public test: this is the one ``tf.function`` itself uses, guarded so a TF that
+    moves it only loses the early, clearer error (TF's own then says "No registered
+    'Polyop...' OpKernel for XLA_CPU_JIT")."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop):
     name = info["name"]
     inputs = info["inputs"]
@@ -128,6 +142,13 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
             meta.infer(name, [None if t is None else (None, t.dtype.name) for t in tensors], **kwargs)
         except (TypeError, ValueError) as e:
             raise tf.errors.InvalidArgumentError(None, None, str(e)) from None
+        if not tf.executing_eagerly() and _in_xla_compile():
+            raise tf.errors.UnimplementedError(None, None, (
+                f"polyop.{name}: cannot run inside tf.function(jit_compile=True): XLA compiles "
+                "only ops that have an XLA lowering, and TensorFlow's C API (which polyop's "
+                "TensorFlow library is built on) can register CPU kernels but no XLA lowering "
+                "for a custom op. Call it from a tf.function without jit_compile, or use "
+                "polyop.jax for XLA."))
         out = raw_fn(**call, **kwargs, name=op_name)
         if not tf.executing_eagerly():
             # Attribute-dependent dims are unknown after TF's shape function; fill them in.
