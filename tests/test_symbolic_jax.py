@@ -146,3 +146,40 @@ def test_a_requirement_between_symbols_is_checked_when_called():
         jax.ShapeDtypeStruct((b, d), jnp.float32), jax.ShapeDtypeStruct((e,), jnp.float32))
     with pytest.raises(Exception, match="rms_norm: weight must have shape"):
         exp.call(x, np.ones(5, np.float32))
+
+
+def test_static_export_round_trip_in_a_fresh_process(tmp_path):
+    # jax.export with static shapes (the common case), every output of a multi-output op
+    w = np.random.default_rng(5).standard_normal((4, 2, 3, 3)).astype(np.float32)
+
+    def f(x, img):
+        v, i = pj.topk(pj.softmax(x, axis=0), k=2, axis=0)
+        return v, i, pj.conv2d(img, w, stride=1, padding=1)
+
+    x = np.random.default_rng(6).standard_normal((5, 3)).astype(np.float32)
+    img = np.random.default_rng(7).standard_normal((1, 2, 6, 6)).astype(np.float32)
+    exp = pj.export(f)(x, img)
+    (tmp_path / "f.jaxexport").write_bytes(exp.serialize())
+    for k, o in enumerate(jax.jit(f)(x, img)):
+        np.save(tmp_path / f"o{k}.npy", np.asarray(o))
+    code = f"""
+        import sys
+        import numpy as np, jax
+        import polyop.jax
+        polyop.jax.load()  # registers the FFI targets the export calls
+        exp = jax.export.deserialize(bytearray(open({str(tmp_path / 'f.jaxexport')!r}, "rb").read()))
+        outs = exp.call(np.load({str(tmp_path / 'x.npy')!r}), np.load({str(tmp_path / 'img.npy')!r}))
+        for k, o in enumerate(outs):
+            assert np.array_equal(np.asarray(o), np.load({str(tmp_path)!r} + f"/o{{k}}.npy")), k
+        print("ok")
+    """
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "img.npy", img)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    # and the exported values are what JAX's own ops give
+    want_v, want_i = jax.lax.top_k(jax.nn.softmax(x, axis=0).T, 2)
+    np.testing.assert_allclose(np.load(tmp_path / "o0.npy"), np.asarray(want_v).T, rtol=1e-6)
+    np.testing.assert_array_equal(np.load(tmp_path / "o1.npy"), np.asarray(want_i).T)
