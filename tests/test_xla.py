@@ -557,3 +557,12 @@ def test_raw_ffi_call_with_zero_element_results_skips_the_handler():
         jax.block_until_ready(raw(2))
     v, i = jax.block_until_ready(raw(0))
     assert (v.shape, i.shape) == ((0, 4), (0, 4))
+
+
+def test_a_traced_attribute_says_how_to_make_it_static():
+    x = jnp.ones(3, jnp.float32)
+    with pytest.raises(TypeError, match=r"polyop\.scale: attribute `alpha` is a traced value.*static_argnames"):
+        jax.jit(lambda x, a: pj.scale(x, alpha=a))(x, 2.0)
+    # and the advice works
+    f = jax.jit(lambda x, a: pj.scale(x, alpha=a), static_argnames="a")
+    np.testing.assert_array_equal(f(x, a=2.5), np.full(3, 2.5, np.float32))

@@ -214,6 +214,12 @@ def _hashable_attr(name: str, op: str, v: Any):
     if isinstance(v, (list, tuple, np.ndarray)):
         items = [_hashable_attr(name, op, x) for x in np.asarray(v).ravel().tolist()]
         return tuple(items)
+    if isinstance(v, jax.core.Tracer):
+        raise TypeError(
+            f"polyop.{op}: attribute `{name}` is a traced value ({type(v).__name__}); "
+            "attributes are compile-time constants: pass a Python value, and under jax.jit "
+            f"mark the argument static (jax.jit(f, static_argnames=...)) or close over it"
+        )
     raise TypeError(
         f"polyop.{op}: attribute `{name}` has unsupported type {type(v).__name__} "
         "(expected int, float, bool, str or a list of ints/floats)"
