@@ -416,3 +416,15 @@ def test_graph_shape_too_large_to_address_fails_graph_construction():
         f.get_concrete_function()
     # the process and the op keep working
     np.testing.assert_array_equal(RAW.polyop_add(tf.ones([2, 1]), tf.ones([1, 3])).numpy(), np.full((2, 3), 2.0, np.float32))
+
+
+def test_gradient_through_an_op_without_a_backward_raises():
+    g, w = tf.ones((2, 3)), tf.ones(3)
+    x = tf.Variable(np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        gx, _ = OPS.rms_norm_backward(g, x, w)
+    with pytest.raises(LookupError, match=r"polyop\.rms_norm_backward: this op has no gradient"):
+        tape.gradient(gx, x)
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(OPS.rms_norm(x, w))
+    assert float(tf.reduce_max(tf.abs(tape.gradient(y, x)))) > 0

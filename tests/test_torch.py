@@ -653,3 +653,19 @@ def test_a_registration_failure_at_load_time_is_a_load_error():
     assert first.startswith("ERROR polyop: ") and "libpolyop_torch_copy.so failed to register its ops with torch" in first, r.stdout
     assert "Only a single TORCH_LIBRARY can be used to register the namespace polyop" in first, r.stdout
     assert r.stdout.splitlines()[-1] == "[-1.0, 2.0]", r.stdout
+
+
+def test_backward_through_an_op_without_a_gradient_raises():
+    # rms_norm_backward declares no backward op: torch used to warn and leave x.grad None
+    g, w = torch.ones(2, 3), torch.ones(3)
+    x = torch.randn(2, 3, requires_grad=True)
+    gx, _ = ops.rms_norm_backward(g, x, w)
+    with pytest.raises(RuntimeError, match=r"polyop\.rms_norm_backward: this op has no gradient"):
+        gx.sum().backward()
+    assert x.grad is None
+    # differentiable ops next to it still work, and integer outputs need no gradient
+    ops.rms_norm(x, w).sum().backward()
+    assert x.grad is not None and x.grad.abs().max() > 0
+    # (an op with only integer outputs is never differentiated through)
+    y = torch.tensor([[0.0, 1.5], [2.0, 0.0]], requires_grad=True)
+    assert torch.equal(ops.nonzero(y), torch.nonzero(y))

@@ -566,3 +566,11 @@ def test_a_traced_attribute_says_how_to_make_it_static():
     # and the advice works
     f = jax.jit(lambda x, a: pj.scale(x, alpha=a), static_argnames="a")
     np.testing.assert_array_equal(f(x, a=2.5), np.full(3, 2.5, np.float32))
+
+
+def test_grad_through_an_op_without_a_backward_raises():
+    g, w = jnp.ones((2, 3)), jnp.ones(3)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)))
+    with pytest.raises(NotImplementedError, match=r"polyop\.rms_norm_backward: this op has no gradient"):
+        jax.grad(lambda x: pj.rms_norm_backward(g, x, w)[0].sum())(x)
+    assert float(jnp.abs(jax.grad(lambda x: pj.rms_norm(x, w).sum())(x)).max()) > 0

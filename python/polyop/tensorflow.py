@@ -218,6 +218,24 @@ def _register_gradient(
     _grads_registered.add(tf_type)
 
 
+def _register_no_gradient(info: dict, prefix: str = STOCK_PREFIX) -> None:
+    """An op that declares no backward op: differentiating through it raises TF's error for a
+    missing gradient (``LookupError``) naming the op, as torch and JAX do."""
+    name, tf_type = info["name"], prefix + info["camel_name"]
+    if tf_type in _grads_registered:
+        return
+
+    def grad(op, *grads):
+        raise LookupError(f"polyop.{name}: this op has no gradient (it declares no backward op)")
+
+    grad.__name__ = f"_polyop_{name}_no_grad"
+    try:
+        tf.RegisterGradient(tf_type)(grad)
+    except KeyError:
+        pass
+    _grads_registered.add(tf_type)
+
+
 def _wrappers_from_registry(infos: list[dict], prefix: str = STOCK_PREFIX) -> types.ModuleType:
     from tensorflow.core.framework import op_def_pb2
     from tensorflow.python.framework import op_def_registry
@@ -271,6 +289,8 @@ def load(path: str | None = None) -> Loaded:
         for info in infos:
             if info["backward"] is not None:
                 _register_gradient(ns, info, prefix, meta)
+            else:
+                _register_no_gradient(info, prefix)
         _loaded[path] = ns
         return ns
 

@@ -117,6 +117,8 @@ def _load_stock(path: str | None) -> Loaded:
             _register_fake(info)
             if info.get("backward"):
                 _register_autograd(info)
+            else:
+                _register_no_gradient(info)
         if lib_path is None:  # loaded by the user's own torch.ops.load_library call
             lib_path = next((p for p in sorted(getattr(torch.ops, "loaded_libraries", ()))
                              if os.path.basename(p) == "libpolyop_torch.so"), None) or library_path()
@@ -144,6 +146,8 @@ def _load_path(path: str) -> Loaded:
                 _register_fake(info, ns, lib)
                 if info.get("backward"):
                     _register_autograd(info, ns)
+                else:
+                    _register_no_gradient(info, ns)
             _authored[real] = _loaded_object(real, ns, list(lib.exported), library=lib)
             return _authored[real]
     # The stock library under an explicit path: the stock glue.
@@ -168,6 +172,22 @@ def _arg_layout(info: dict[str, Any], ns: str = "polyop"):
 
 def _schema(name: str, ns: str = "polyop"):
     return getattr(getattr(torch.ops, ns), name).default._schema
+
+
+def _register_no_gradient(info: dict[str, Any], ns: str = "polyop") -> None:
+    """An op that declares no backward op: ``backward()`` through it raises a ``RuntimeError``
+    naming the op, as JAX and TensorFlow raise their errors, instead of torch's warning and a
+    silently missing gradient. In-place ops are left alone (torch refuses autograd
+    registrations for ops that mutate)."""
+    if info["flags"]["inplace"]:
+        return
+    name = info["name"]
+
+    def backward(ctx, *grads):
+        raise RuntimeError(f"polyop.{name}: this op has no gradient (it declares no backward op)")
+
+    torch.library.register_autograd(f"{ns}::{name}", backward,
+                                    setup_context=lambda ctx, inputs, output: None)
 
 
 def _register_autograd(info: dict[str, Any], ns: str = "polyop") -> None:
