@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import polyop
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,8 @@ def test_ci_example_script():
 def test_library_metadata_and_infer_come_from_the_authors_rust(example_libs):
     from polyop._library import open_library
 
-    lib = open_library(example_libs["xla"])  # the XLA library loads without a framework
+    lib = polyop.load(example_libs["xla"])  # the public way; loads without a framework
+    assert lib is open_library(example_libs["xla"])
     assert (lib.framework, lib.name_key, lib.name) == ("xla", "prefix", "example_")
     assert lib.exported == ["swiglu", "swiglu_backward"]
     info = lib.op_info("swiglu")
@@ -338,3 +340,28 @@ def test_check_diagnoses_a_crash_while_loading(tmp_path):
     assert p.returncode == 1, p.stdout
     assert "framework: onnxruntime" in p.stdout
     assert "crashed (killed by signal 6)" in p.stdout
+
+
+def test_an_authors_library_is_first_class_in_python(example_libs):
+    # `python -m polyop ops PATH` lists the author's ops like the stock ones (the XLA library
+    # loads without its framework; a torch or TF library needs that framework's libraries)
+    p = _run([sys.executable, "-m", "polyop", "ops", "--all", example_libs["xla"]], timeout=300)
+    assert p.returncode == 0, p.stderr
+    names = [line.split()[0] for line in p.stdout.splitlines()]
+    assert names == ["swiglu", "swiglu_backward"], p.stdout
+    # polyop.load(path).framework_ops() is the framework's own load of that library
+    r = _py(f"""
+        import numpy as np, torch, polyop  # torch first: the library links libtorch
+        lib = polyop.load({example_libs['torch']!r})
+        ops = lib.framework_ops()
+        assert ops.framework == "torch" and ops.name == lib.name
+        x = torch.tensor([[1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+        g = torch.tensor([[0.5, 3.0]], dtype=torch.float64)
+        y = ops.swiglu(x, g)
+        ref = lib.run("swiglu", x.detach().numpy(), g.numpy())  # the library's CPU kernel, no torch
+        assert np.array_equal(y.detach().numpy(), ref)
+        y.sum().backward()
+        assert x.grad is not None
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

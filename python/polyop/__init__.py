@@ -17,6 +17,8 @@ The core (this module) works on NumPy arrays and needs no framework:
   multi-output op (``topk``). Strided views are read in place; the GIL is released while the
   kernel runs. In-place ops (``relu_``) run out of place here.
 - ``polyop.library_path(framework)``: the built ``libpolyop_<fw>.so`` for the framework.
+- ``polyop.load(path)``: any built polyop library (an author's too) with the same ``ops``,
+  ``op_info``, ``infer``, ``run`` from its own exports, and ``framework_ops()``.
 
 Errors: ``TypeError`` for wrong argument kinds (non-array, unsupported/mismatched dtype,
 wrong number of inputs, missing/unknown/wrong-typed attributes), ``ValueError`` for bad
@@ -32,4 +34,19 @@ from __future__ import annotations
 from ._core import __version__, infer, infer_symbolic, op_info, ops, run
 from ._paths import library_path
 
-__all__ = ["ops", "op_info", "infer", "infer_symbolic", "run", "library_path", "__version__"]
+
+def load(path: str):
+    """Open a built polyop library (an author's, or a stock one) by path, without importing a
+    framework. The result (a ``polyop._library.Library``) offers what this module offers for
+    the stock ops, from the library's own exports: ``ops()``, ``op_info(name)``,
+    ``infer(name, specs, **attrs)``, ``infer_symbolic(...)``, ``run(name, *arrays, **attrs)``
+    (its CPU kernels on NumPy arrays); ``framework`` and ``name`` (its namespace / prefix /
+    domain) say what it is, and ``framework_ops()`` loads it into its framework
+    (``polyop.<framework>.load(path)``). A file that is not a usable polyop library raises
+    ``polyop._library.LibraryError``."""
+    from ._library import open_library
+
+    return open_library(path)
+
+
+__all__ = ["ops", "op_info", "infer", "infer_symbolic", "run", "load", "library_path", "__version__"]

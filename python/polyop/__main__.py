@@ -12,6 +12,7 @@ import sys
 
 
 def _setup_ops(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", help="a built polyop library (default: the stock ops)")
     p.add_argument("--all", action="store_true", help="include backward-only ops")
     p.add_argument("--json", action="store_true", help="print the metadata as JSON")
 
@@ -21,7 +22,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
     from ._library import op_notes
 
-    infos = [o for o in polyop.ops() if args.all or not o["flags"]["backward_only"]]
+    meta = polyop if args.path is None else polyop.load(args.path)
+    infos = [o for o in meta.ops() if args.all or not o["flags"]["backward_only"]]
     if args.json:
         print(json.dumps(infos, indent=2))
         return 0

@@ -341,6 +341,13 @@ class Library:
     def __repr__(self) -> str:
         return f"<polyop library {self.framework} {self.name_key}={self.name!r} {self.path}>"
 
+    def framework_ops(self) -> "Loaded":
+        """The library loaded into its framework, as ``polyop.<framework>.load(path)`` gives it
+        (autograd / gradients / fake kernels registered, one attribute per op)."""
+        import importlib
+
+        return importlib.import_module(_framework(self.framework).glue).load(self.path)
+
     # The polyop._core interface ------------------------------------------------------------
 
     def ops(self) -> list[dict]:
