@@ -250,7 +250,8 @@ def worker(fw: str, path: str) -> int:
         smoke.append(entry)
         if name not in lib.exported:
             entry["status"] = "skipped"
-            entry["detail"] = "not exposed on this framework (in-place op)"
+            entry["detail"] = ("not exposed on this framework (in-place op)" if info["flags"]["inplace"]
+                               else "not exported by this library")
             continue
         fwd = forward_of.get(name)
         if fwd is not None and fwd["name"] in ran:

@@ -142,15 +142,46 @@ pub fn library_info(
     m.insert(name_key.into(), json!(name));
     m.insert("polyop_version".into(), json!(env!("CARGO_PKG_VERSION")));
     m.insert("exported".into(), json!(exported));
-    m.insert(
-        "load_errors".into(),
-        json!(*LOAD_ERRORS.lock().unwrap_or_else(|e| e.into_inner())),
-    );
+    let mut errors = LOAD_ERRORS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    errors.extend(export_mismatches(registry, framework, exported));
+    m.insert("load_errors".into(), json!(errors));
     m.insert(
         "ops".into(),
         Value::Array(registry.ops().map(op_json).collect()),
     );
     Value::Object(m).to_string()
+}
+
+/// Where a library's exported op names (listed by hand in the XLA `export!` macro) and its
+/// registry disagree: a name that is no op (a typo) or an op left out. Reported as load errors,
+/// so loading the library through polyop fails with the reason instead of an op going missing.
+/// In-place ops are exported only to torch.
+fn export_mismatches(registry: &Registry, framework: &str, exported: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in exported {
+        if registry.lookup(name).is_err() {
+            let known: Vec<&str> = registry.ops().map(|o| o.name).collect();
+            out.push(format!(
+                "polyop: this {framework} library exports `{name}`, which is not an op of its \
+                 registry (its ops: {}); fix the name in the export! macro",
+                known.join(", ")
+            ));
+        }
+    }
+    for op in registry.ops() {
+        let surface = framework == "torch" || !op.flags.inplace;
+        if surface && !exported.contains(&op.name) {
+            out.push(format!(
+                "polyop: op `{}` is in the registry but this {framework} library does not \
+                 export it; add it to the export! macro",
+                op.name
+            ));
+        }
+    }
+    out
 }
 
 /// Errors met while this library registered its ops with the framework from its load-time

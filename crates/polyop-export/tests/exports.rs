@@ -230,3 +230,35 @@ fn malformed_descriptors_are_refused_before_any_read() {
     assert!(msg.contains("negative dim"), "{msg}");
     assert_eq!(out, [2.0, 4.0], "nothing written by refused calls");
 }
+
+#[test]
+fn an_export_list_that_disagrees_with_the_registry_is_a_load_error() {
+    let errors = |exported: &[&str]| -> Vec<String> {
+        let info: Value = serde_json::from_str(&polyop_export::library_info(
+            registry(),
+            "xla",
+            "prefix",
+            "t_",
+            exported,
+        ))
+        .unwrap();
+        info["load_errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(errors(&["twice"]).is_empty());
+    let typo = errors(&["twicee"]);
+    assert_eq!(typo.len(), 2, "{typo:?}"); // the unknown name, and the op it left out
+    assert!(
+        typo[0].contains("exports `twicee`, which is not an op")
+            && typo[0].contains("its ops: twice"),
+        "{typo:?}"
+    );
+    assert!(
+        typo[1].contains("op `twice` is in the registry but this xla library does not export it"),
+        "{typo:?}"
+    );
+}
