@@ -60,7 +60,7 @@ class OnnxRuntimeBackend(Backend):
         if mode == GRAD:
             return (
                 "ONNX Runtime inference has no gradients (the backward ops are exposed as "
-                "ordinary ai.polyop ops, e.g. RmsNormBackward, and run forward like any op)"
+                f"ordinary {self.domain} ops, <Op>Backward, and run forward like any op)"
             )
         if info["flags"]["inplace"]:
             return (
