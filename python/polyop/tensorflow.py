@@ -210,6 +210,11 @@ def _register_gradient(
         return [g for g, p in zip(by_input, present) if p]
 
     grad.__name__ = f"_polyop_{name}_grad"
+    _register(tf_type, grad)
+
+
+def _register(tf_type: str, grad: Any) -> None:
+    """``tf.RegisterGradient(tf_type)(grad)``, once per process."""
     try:
         tf.RegisterGradient(tf_type)(grad)
     except KeyError:
@@ -229,11 +234,7 @@ def _register_no_gradient(info: dict, prefix: str = STOCK_PREFIX) -> None:
         raise LookupError(f"polyop.{name}: this op has no gradient (it declares no backward op)")
 
     grad.__name__ = f"_polyop_{name}_no_grad"
-    try:
-        tf.RegisterGradient(tf_type)(grad)
-    except KeyError:
-        pass
-    _grads_registered.add(tf_type)
+    _register(tf_type, grad)
 
 
 def _wrappers_from_registry(infos: list[dict], prefix: str = STOCK_PREFIX) -> types.ModuleType:
