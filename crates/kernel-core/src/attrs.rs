@@ -146,6 +146,7 @@ impl Attrs {
             .map(|(_, v)| v)
             .ok_or_else(|| Error::internal(format!("op has no attribute `{name}`")))
     }
+    /// An `int` attribute, already bound (default filled in) and type-checked.
     pub fn int(&self, name: &str) -> Result<i64> {
         match self.get(name)? {
             AttrValue::Int(i) => Ok(*i),
@@ -155,6 +156,7 @@ impl Attrs {
             ))),
         }
     }
+    /// A `float` attribute as f64 (float32 values from ONNX and XLA widened exactly).
     pub fn float(&self, name: &str) -> Result<f64> {
         match self.get(name)? {
             AttrValue::Float(f) => Ok(*f),
@@ -164,6 +166,7 @@ impl Attrs {
             ))),
         }
     }
+    /// A `bool` attribute (an ONNX INT 0/1 arrives as a bool).
     pub fn bool(&self, name: &str) -> Result<bool> {
         match self.get(name)? {
             AttrValue::Bool(b) => Ok(*b),
@@ -173,6 +176,7 @@ impl Attrs {
             ))),
         }
     }
+    /// A `str` attribute.
     pub fn str(&self, name: &str) -> Result<&str> {
         match self.get(name)? {
             AttrValue::Str(s) => Ok(s),
@@ -182,11 +186,22 @@ impl Attrs {
             ))),
         }
     }
+    /// An `int[]` attribute (torch `int[]`, TF `list(int)`, ONNX INTS, XLA int64 array).
     pub fn int_list(&self, name: &str) -> Result<&[i64]> {
         match self.get(name)? {
             AttrValue::IntList(l) => Ok(l),
             v => Err(Error::internal(format!(
                 "attribute `{name}` is {}, not int[]",
+                v.type_name()
+            ))),
+        }
+    }
+    /// A `float[]` attribute (values widened to f64 as for `float`).
+    pub fn float_list(&self, name: &str) -> Result<&[f64]> {
+        match self.get(name)? {
+            AttrValue::FloatList(l) => Ok(l),
+            v => Err(Error::internal(format!(
+                "attribute `{name}` is {}, not float[]",
                 v.type_name()
             ))),
         }
