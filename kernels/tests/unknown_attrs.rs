@@ -50,3 +50,25 @@ fn inputs_invalid_for_every_attribute_are_errors() {
         .unwrap_err();
     assert!(e.to_string().contains("dtype mismatch"), "{e}");
 }
+
+#[test]
+fn a_dim_set_by_a_list_attribute_is_not_taken_for_static() {
+    // pad(x, pads): the last dim grows by the sum of the list. Probing only the default
+    // ([0, 0]) would call it static, and TF would then trust a wrong shape.
+    use kernel_core::{Dim, InferCtx, OpDef, Result, ShapeOut};
+    fn infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
+        let extra: i64 = ctx.attrs.int_list("pads")?.iter().sum();
+        let mut d = ctx.dims(0).unwrap().to_vec();
+        let last = d.len() - 1;
+        d[last] = d[last].add(&Dim::Known(extra.max(0) as usize))?;
+        Ok(vec![Some(d)])
+    }
+    let op = OpDef::builder("pad(Tensor x, int[] pads=[0, 0]) -> Tensor")
+        .dtypes(DType::FLOAT)
+        .infer(infer)
+        .cpu(|_| Ok(()))
+        .build()
+        .unwrap();
+    let out = op.infer_unknown_attrs(&[spec(&[Some(4), Some(8)])]).unwrap();
+    assert_eq!(out[0].shape, Some(vec![Dim::Known(4), Dim::Unknown]));
+}

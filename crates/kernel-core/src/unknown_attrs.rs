@@ -17,10 +17,36 @@ fn probe_values(arg: &Arg) -> Option<Vec<AttrValue>> {
             v.push(d.clone());
         }
     }
-    let extra: Vec<AttrValue> = match arg.ty {
-        ArgType::Int => [0, 1, 2, 3, -1, -2].map(AttrValue::Int).to_vec(),
-        ArgType::Float => [1.0, 0.5, 2.0].map(AttrValue::Float).to_vec(),
-        ArgType::Bool => [true, false].map(AttrValue::Bool).to_vec(),
+    let extra: Vec<AttrValue> = match (&arg.ty, &arg.default) {
+        (ArgType::Int, _) => [0, 1, 2, 3, -1, -2].map(AttrValue::Int).to_vec(),
+        (ArgType::Float, _) => [1.0, 0.5, 2.0].map(AttrValue::Float).to_vec(),
+        (ArgType::Bool, _) => [true, false].map(AttrValue::Bool).to_vec(),
+        // A list can change a shape through its values (pads) or its length: vary both, so a
+        // dim that depends on it is not taken for static (which TF would then trust).
+        (ArgType::IntList, Some(AttrValue::IntList(d))) => [1, 2, 3]
+            .iter()
+            .map(|k| AttrValue::IntList(d.iter().map(|v| v + k).collect()))
+            .chain([
+                AttrValue::IntList(vec![1; d.len() + 1]),
+                AttrValue::IntList(vec![2; d.len().max(1)]),
+            ])
+            .collect(),
+        (ArgType::IntList, _) => vec![
+            AttrValue::IntList(vec![1]),
+            AttrValue::IntList(vec![1, 2]),
+            AttrValue::IntList(vec![2, 3, 4, 5]),
+        ],
+        (ArgType::FloatList, Some(AttrValue::FloatList(d))) => [0.5, 2.0]
+            .iter()
+            .map(|k| AttrValue::FloatList(d.iter().map(|v| v * k + k).collect()))
+            .chain([AttrValue::FloatList(vec![1.0; d.len() + 1])])
+            .collect(),
+        (ArgType::FloatList, _) => vec![
+            AttrValue::FloatList(vec![1.0]),
+            AttrValue::FloatList(vec![0.5, 2.0]),
+        ],
+        // Strings are probed with their default only: an op whose output shape depends on a
+        // string attribute gets the default's shape in TF graph mode (docs/tensorflow.md).
         _ => Vec::new(),
     };
     for e in extra {

@@ -1,6 +1,5 @@
-//! The ops of docs/authoring.md §3 ("Attributes, several outputs, optional inputs"), compiled
-//! and run by `cargo test`: what the guide shows is code that builds against kernel-core alone,
-//! as an author's crate does, and gives the right numbers.
+//! The ops of docs/authoring.md ("Attributes, several outputs, optional inputs, a backward with
+//! attributes"), as an author writes them against kernel-core alone:
 //!
 //! - `leaky_relu_scaled(Tensor x, float slope=0.01, float scale=1.0)`: float attributes read
 //!   as f64 and narrowed to the element's compute type; a backward op that receives the
@@ -9,16 +8,19 @@
 //!   (`normalize_axis`), two outputs, a reduction along an axis of a strided view, no gradient.
 //! - `pad_add(Tensor x, Tensor? bias=None, int[] pads=[0, 0])`: an `int[]` attribute that
 //!   changes the output size, an optional input, symbolic sizes (`Dim` arithmetic).
+//!
+//! `tests/test_authoring_guide.py` builds them into all four framework libraries and runs them
+//! in every framework; `cargo test -p guide-ops` runs the checks below.
 
-use kernel_core::exec::run_op;
 use kernel_core::{
-    default_pool, dispatch_float, normalize_axis, BwdInput, DType, Dim, Error, FloatElem, InferCtx,
-    KernelCtx, OpDef, OwnedTensor, Registry, Result, ShapeOut, TensorSpec,
+    dispatch_float, normalize_axis, BwdInput, DType, Dim, Error, FloatElem, InferCtx, KernelCtx,
+    OpDef, Registry, Result, ShapeOut,
 };
 use num_traits::{Float, One, Zero};
 use std::sync::OnceLock;
 
-fn registry() -> &'static Registry {
+/// The guide's ops.
+pub fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
     R.get_or_init(|| {
         let mut r = Registry::new();
@@ -217,120 +219,126 @@ fn pad_add<T: FloatElem>(ctx: &mut KernelCtx) -> Result<()> {
     Ok(())
 }
 
-// ---- the guide's claims, checked ------------------------------------------------------------
+#[cfg(test)]
+mod tests {
+    //! The guide's claims, checked against hand-computed values.
+    use super::*;
+    use kernel_core::exec::run_op;
+    use kernel_core::{default_pool, OwnedTensor, TensorSpec};
 
-fn t(v: &[f64], shape: &[usize]) -> OwnedTensor {
-    OwnedTensor::from_vec(v.to_vec(), shape).unwrap()
-}
+    fn t(v: &[f64], shape: &[usize]) -> OwnedTensor {
+        OwnedTensor::from_vec(v.to_vec(), shape).unwrap()
+    }
 
-fn run(
-    op: &str,
-    inputs: &[Option<&OwnedTensor>],
-    attrs: &[(&str, kernel_core::AttrValue)],
-) -> Result<Vec<Vec<f64>>> {
-    let op = registry().lookup(op)?;
-    let a = op.bind_attrs(attrs.iter().cloned())?;
-    let views: Vec<_> = inputs.iter().map(|t| t.map(|t| t.view())).collect();
-    let out = run_op(op, &views, &a, default_pool())?;
-    Ok(out.iter().map(|o| o.to_vec::<f64>().unwrap()).collect())
-}
+    fn run(
+        op: &str,
+        inputs: &[Option<&OwnedTensor>],
+        attrs: &[(&str, kernel_core::AttrValue)],
+    ) -> Result<Vec<Vec<f64>>> {
+        let op = registry().lookup(op)?;
+        let a = op.bind_attrs(attrs.iter().cloned())?;
+        let views: Vec<_> = inputs.iter().map(|t| t.map(|t| t.view())).collect();
+        let out = run_op(op, &views, &a, default_pool())?;
+        Ok(out.iter().map(|o| o.to_vec::<f64>().unwrap()).collect())
+    }
 
-#[test]
-fn leaky_relu_scaled_and_its_backward_see_the_attributes() {
-    use kernel_core::AttrValue::Float;
-    let x = t(&[-2.0, 0.5, 3.0], &[3]);
-    let y = run(
-        "leaky_relu_scaled",
-        &[Some(&x)],
-        &[("slope", Float(0.1)), ("scale", Float(2.0))],
-    )
-    .unwrap();
-    assert_eq!(y[0], vec![-0.4, 1.0, 6.0]);
-    let y = run("leaky_relu_scaled", &[Some(&x)], &[]).unwrap(); // defaults 0.01, 1.0
-    assert_eq!(y[0], vec![-0.02, 0.5, 3.0]);
-    // the backward op is called with the forward's attributes by name
-    let op = registry().lookup("leaky_relu_scaled").unwrap();
-    assert_eq!(op.backward.unwrap().op, "leaky_relu_scaled_backward");
-    let g = t(&[1.0, 1.0, 10.0], &[3]);
-    let dx = run(
-        "leaky_relu_scaled_backward",
-        &[Some(&g), Some(&x)],
-        &[("slope", Float(0.1)), ("scale", Float(2.0))],
-    )
-    .unwrap();
-    assert_eq!(dx[0], vec![0.2, 2.0, 20.0]);
-}
-
-#[test]
-fn minmax_reduces_a_strided_view_along_any_axis() {
-    let x = t(&[1.0, 5.0, -2.0, 4.0, 0.0, 7.0], &[2, 3]);
-    let both = run("minmax", &[Some(&x)], &[]).unwrap(); // axis -1
-    assert_eq!(both, vec![vec![-2.0, 0.0], vec![5.0, 7.0]]);
-    let both = run(
-        "minmax",
-        &[Some(&x)],
-        &[("axis", kernel_core::AttrValue::Int(0))],
-    )
-    .unwrap();
-    assert_eq!(both, vec![vec![1.0, 0.0, -2.0], vec![4.0, 5.0, 7.0]]);
-    // a transposed view (strides [1, 3]: rows [1, 4], [5, 0], [-2, 7]) is read correctly
-    let xt = x.view().restrided(vec![3, 2], vec![1, 3]);
-    let op = registry().lookup("minmax").unwrap();
-    let a = op.bind_attrs([]).unwrap();
-    let out = run_op(op, &[Some(xt)], &a, default_pool()).unwrap();
-    assert_eq!(out[0].to_vec::<f64>().unwrap(), vec![1.0, 0.0, -2.0]);
-    assert_eq!(out[1].to_vec::<f64>().unwrap(), vec![4.0, 5.0, 7.0]);
-    // shape inference depends on the attribute; a bad axis is an error naming the op
-    let spec = Some(TensorSpec::with_dims(
-        DType::F32,
-        vec![Dim::sym("b"), Dim::Known(3)],
-    ));
-    let s = op.infer(std::slice::from_ref(&spec), &a).unwrap();
-    assert_eq!(s[1].shape, Some(vec![Dim::sym("b")]));
-    let e = op
-        .infer(
-            &[spec],
-            &op.bind_attrs([("axis", kernel_core::AttrValue::Int(2))])
-                .unwrap(),
-        )
-        .unwrap_err();
-    assert!(e.to_string().starts_with("polyop.minmax: axis"), "{e}");
-}
-
-#[test]
-fn pad_add_with_and_without_its_optional_input() {
-    let x = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
-    let b = t(&[10.0, 20.0], &[2]);
-    let pads = ("pads", kernel_core::AttrValue::IntList(vec![1, 2]));
-    let y = run(
-        "pad_add",
-        &[Some(&x), Some(&b)],
-        std::slice::from_ref(&pads),
-    )
-    .unwrap();
-    assert_eq!(
-        y[0],
-        vec![0.0, 11.0, 22.0, 0.0, 0.0, 0.0, 13.0, 24.0, 0.0, 0.0]
-    );
-    let y = run("pad_add", &[Some(&x), None], &[pads]).unwrap();
-    assert_eq!(y[0], vec![0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0]);
-    // symbolic sizes: `n + 3` out, and the bias tied to n as a constraint
-    let op = registry().lookup("pad_add").unwrap();
-    let a = op
-        .bind_attrs([("pads", kernel_core::AttrValue::IntList(vec![1, 2]))])
-        .unwrap();
-    let r = op
-        .infer_symbolic(
-            &[
-                Some(TensorSpec::with_dims(
-                    DType::F32,
-                    vec![Dim::sym("b"), Dim::sym("n")],
-                )),
-                Some(TensorSpec::with_dims(DType::F32, vec![Dim::sym("m")])),
-            ],
-            &a,
+    #[test]
+    fn leaky_relu_scaled_and_its_backward_see_the_attributes() {
+        use kernel_core::AttrValue::Float;
+        let x = t(&[-2.0, 0.5, 3.0], &[3]);
+        let y = run(
+            "leaky_relu_scaled",
+            &[Some(&x)],
+            &[("slope", Float(0.1)), ("scale", Float(2.0))],
         )
         .unwrap();
-    assert_eq!(r.outputs[0].shape.as_ref().unwrap()[1].to_string(), "n + 3");
-    assert_eq!(r.constraints.len(), 1);
+        assert_eq!(y[0], vec![-0.4, 1.0, 6.0]);
+        let y = run("leaky_relu_scaled", &[Some(&x)], &[]).unwrap(); // defaults 0.01, 1.0
+        assert_eq!(y[0], vec![-0.02, 0.5, 3.0]);
+        // the backward op is called with the forward's attributes by name
+        let op = registry().lookup("leaky_relu_scaled").unwrap();
+        assert_eq!(op.backward.unwrap().op, "leaky_relu_scaled_backward");
+        let g = t(&[1.0, 1.0, 10.0], &[3]);
+        let dx = run(
+            "leaky_relu_scaled_backward",
+            &[Some(&g), Some(&x)],
+            &[("slope", Float(0.1)), ("scale", Float(2.0))],
+        )
+        .unwrap();
+        assert_eq!(dx[0], vec![0.2, 2.0, 20.0]);
+    }
+
+    #[test]
+    fn minmax_reduces_a_strided_view_along_any_axis() {
+        let x = t(&[1.0, 5.0, -2.0, 4.0, 0.0, 7.0], &[2, 3]);
+        let both = run("minmax", &[Some(&x)], &[]).unwrap(); // axis -1
+        assert_eq!(both, vec![vec![-2.0, 0.0], vec![5.0, 7.0]]);
+        let both = run(
+            "minmax",
+            &[Some(&x)],
+            &[("axis", kernel_core::AttrValue::Int(0))],
+        )
+        .unwrap();
+        assert_eq!(both, vec![vec![1.0, 0.0, -2.0], vec![4.0, 5.0, 7.0]]);
+        // a transposed view (strides [1, 3]: rows [1, 4], [5, 0], [-2, 7]) is read correctly
+        let xt = x.view().restrided(vec![3, 2], vec![1, 3]);
+        let op = registry().lookup("minmax").unwrap();
+        let a = op.bind_attrs([]).unwrap();
+        let out = run_op(op, &[Some(xt)], &a, default_pool()).unwrap();
+        assert_eq!(out[0].to_vec::<f64>().unwrap(), vec![1.0, 0.0, -2.0]);
+        assert_eq!(out[1].to_vec::<f64>().unwrap(), vec![4.0, 5.0, 7.0]);
+        // shape inference depends on the attribute; a bad axis is an error naming the op
+        let spec = Some(TensorSpec::with_dims(
+            DType::F32,
+            vec![Dim::sym("b"), Dim::Known(3)],
+        ));
+        let s = op.infer(std::slice::from_ref(&spec), &a).unwrap();
+        assert_eq!(s[1].shape, Some(vec![Dim::sym("b")]));
+        let e = op
+            .infer(
+                &[spec],
+                &op.bind_attrs([("axis", kernel_core::AttrValue::Int(2))])
+                    .unwrap(),
+            )
+            .unwrap_err();
+        assert!(e.to_string().starts_with("polyop.minmax: axis"), "{e}");
+    }
+
+    #[test]
+    fn pad_add_with_and_without_its_optional_input() {
+        let x = t(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+        let b = t(&[10.0, 20.0], &[2]);
+        let pads = ("pads", kernel_core::AttrValue::IntList(vec![1, 2]));
+        let y = run(
+            "pad_add",
+            &[Some(&x), Some(&b)],
+            std::slice::from_ref(&pads),
+        )
+        .unwrap();
+        assert_eq!(
+            y[0],
+            vec![0.0, 11.0, 22.0, 0.0, 0.0, 0.0, 13.0, 24.0, 0.0, 0.0]
+        );
+        let y = run("pad_add", &[Some(&x), None], &[pads]).unwrap();
+        assert_eq!(y[0], vec![0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0]);
+        // symbolic sizes: `n + 3` out, and the bias tied to n as a constraint
+        let op = registry().lookup("pad_add").unwrap();
+        let a = op
+            .bind_attrs([("pads", kernel_core::AttrValue::IntList(vec![1, 2]))])
+            .unwrap();
+        let r = op
+            .infer_symbolic(
+                &[
+                    Some(TensorSpec::with_dims(
+                        DType::F32,
+                        vec![Dim::sym("b"), Dim::sym("n")],
+                    )),
+                    Some(TensorSpec::with_dims(DType::F32, vec![Dim::sym("m")])),
+                ],
+                &a,
+            )
+            .unwrap();
+        assert_eq!(r.outputs[0].shape.as_ref().unwrap()[1].to_string(), "n + 3");
+        assert_eq!(r.constraints.len(), 1);
+    }
 }
