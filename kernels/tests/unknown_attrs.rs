@@ -69,6 +69,8 @@ fn a_dim_set_by_a_list_attribute_is_not_taken_for_static() {
         .cpu(|_| Ok(()))
         .build()
         .unwrap();
-    let out = op.infer_unknown_attrs(&[spec(&[Some(4), Some(8)])]).unwrap();
+    let out = op
+        .infer_unknown_attrs(&[spec(&[Some(4), Some(8)])])
+        .unwrap();
     assert_eq!(out[0].shape, Some(vec![Dim::Known(4), Dim::Unknown]));
 }
