@@ -59,13 +59,44 @@ fn lookup(name: &str) -> PyResult<&'static OpDef> {
 // metadata
 
 /// An op's metadata dict: polyop-export's `op_json` (the same serializer every library's
-/// `polyop_library_info` uses), read by Python's `json`.
+/// `polyop_library_info` uses), as the Python objects `json.loads` would give.
 fn op_dict<'py>(py: Python<'py>, op: &OpDef) -> PyResult<Bound<'py, PyAny>> {
     json_to_py(py, &polyop_export::op_json(op))
 }
 
+/// A JSON value as the Python object `json.loads` would give, built directly (no text round
+/// trip through CPython's parser, which is slower and, on CPython 3.11, makes valgrind report
+/// its small-int cache as uninitialised under our frames).
 fn json_to_py<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    py.import("json")?.call_method1("loads", (v.to_string(),))
+    use serde_json::Value;
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => b.into_py_any(py)?.into_bound(py),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_py_any(py)?.into_bound(py),
+            (None, Some(u)) => u.into_py_any(py)?.into_bound(py),
+            _ => n
+                .as_f64()
+                .unwrap_or(f64::NAN)
+                .into_py_any(py)?
+                .into_bound(py),
+        },
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(items) => {
+            let l = PyList::empty(py);
+            for x in items {
+                l.append(json_to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, json_to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
 }
 
 /// Every registered op (forward and backward) as a metadata dict, in registration order.
