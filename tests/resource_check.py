@@ -28,6 +28,8 @@ import os
 import sys
 import threading
 
+import numpy as np
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 #: Calls per loop (issue 17 asks 100,000). POLYOP_RESOURCE_CALLS may raise it, never lower it
 #: below what keeps the bound meaningful (the negative control checks that).
@@ -125,3 +127,35 @@ def run_threads(work, n_threads: int = THREADS) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+def numpy_softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax along the last axis in float64."""
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def numpy_topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k along the last axis, largest first, ties to the lower index: (values, indices)."""
+    order = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    return np.take_along_axis(x, order, -1), order
+
+
+def check_softmax_add_topk(results: list, expected: list) -> None:
+    """``results``: per input, the bytes of (softmax, add, topk values, topk indices) a
+    framework computed; ``expected``: per input, reference arrays (softmax, add, values,
+    indices) from NumPy or the framework's built-ins. Softmax within 1e-5 relative, the rest
+    exact."""
+    assert len(results) >= len(expected) > 0
+    for (s, a, v, idx), (sm, add, vals, ids) in zip(results, expected):
+        np.testing.assert_allclose(np.frombuffer(s, np.float32).reshape(sm.shape), sm, rtol=1e-5)
+        np.testing.assert_array_equal(np.frombuffer(a, np.float32).reshape(add.shape), add)
+        np.testing.assert_array_equal(np.frombuffer(idx, np.int64).reshape(ids.shape), ids)
+        np.testing.assert_array_equal(np.frombuffer(v, np.float32).reshape(vals.shape), vals)
+
+
+def assert_threads_bitwise_equal(single: list, work) -> None:
+    """``work(thread_index)`` on every thread returns exactly the single-threaded ``single``."""
+    for t, r in enumerate(run_threads(work)):
+        assert r == single, f"thread {t} differs from the single-threaded run"

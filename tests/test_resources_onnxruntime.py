@@ -11,7 +11,16 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import polyop.onnxruntime as pox
-from resource_check import CALLS, WARMUP, assert_bound_detects_a_64_byte_leak, check_loop, run_threads
+from resource_check import (
+    CALLS,
+    WARMUP,
+    assert_bound_detects_a_64_byte_leak,
+    assert_threads_bitwise_equal,
+    check_loop,
+    check_softmax_add_topk,
+    numpy_softmax,
+    numpy_topk,
+)
 
 OPSETS = [helper.make_opsetid("", 20), helper.make_opsetid("ai.polyop", 1)]
 RNG = np.random.default_rng(17)
@@ -105,14 +114,5 @@ def test_eight_threads_bitwise_equal_to_one_thread():
         return out
 
     single = work()
-    for (x, y), (s, a, v, idx) in zip(inputs, single[: len(inputs)]):
-        x64 = x.astype(np.float64)
-        e = np.exp(x64 - x64.max(-1, keepdims=True))
-        np.testing.assert_allclose(np.frombuffer(s, np.float32).reshape(x.shape), e / e.sum(-1, keepdims=True), rtol=1e-5)
-        np.testing.assert_array_equal(np.frombuffer(a, np.float32).reshape(x.shape), x + y)
-        order = np.argsort(-x, axis=-1, kind="stable")[:, :5]
-        np.testing.assert_array_equal(np.frombuffer(idx, np.int64).reshape(64, 5), order)
-        np.testing.assert_array_equal(np.frombuffer(v, np.float32).reshape(64, 5), np.take_along_axis(x, order, -1))
-    results = run_threads(lambda t: work())
-    for t, r in enumerate(results):
-        assert r == single, f"thread {t} differs from the single-threaded run"
+    check_softmax_add_topk(single, [(numpy_softmax(x), x + y, *numpy_topk(x, 5)) for x, y in inputs])
+    assert_threads_bitwise_equal(single, lambda t: work())

@@ -15,10 +15,12 @@ from resource_check import (
     LEAK_BOUND,
     WARMUP,
     assert_bound_detects_a_64_byte_leak,
+    assert_threads_bitwise_equal,
     check_loop,
+    check_softmax_add_topk,
+    numpy_topk,
     report,
     rss_growth,
-    run_threads,
 )
 
 M = ptf.load().handle  # the module tf.load_op_library returned
@@ -108,14 +110,7 @@ def test_eight_threads_bitwise_equal_to_one_thread():
     inputs = [(tf.constant(rng.standard_normal((64, 257)).astype(np.float32)),
                tf.constant(rng.standard_normal((64, 257)).astype(np.float32))) for _ in range(4)]
     single = _work(inputs)
-    for (x, y), (s, a, v, idx) in zip(inputs, single[: len(inputs)]):
-        xn = x.numpy()
-        ref = tf.nn.softmax(tf.cast(x, tf.float64), -1).numpy()
-        np.testing.assert_allclose(np.frombuffer(s, np.float32).reshape(xn.shape), ref, rtol=1e-5)
-        np.testing.assert_array_equal(np.frombuffer(a, np.float32).reshape(xn.shape), xn + y.numpy())
-        order = np.argsort(-xn, axis=-1, kind="stable")[:, :5]
-        np.testing.assert_array_equal(np.frombuffer(idx, np.int64).reshape(64, 5), order)
-        np.testing.assert_array_equal(np.frombuffer(v, np.float32).reshape(64, 5), np.take_along_axis(xn, order, -1))
-    results = run_threads(lambda t: _work(inputs))
-    for t, r in enumerate(results):
-        assert r == single, f"thread {t} differs from the single-threaded run"
+    check_softmax_add_topk(single, [
+        (tf.nn.softmax(tf.cast(x, tf.float64), -1).numpy(), x.numpy() + y.numpy(), *numpy_topk(x.numpy(), 5))
+        for x, y in inputs])
+    assert_threads_bitwise_equal(single, lambda t: _work(inputs))

@@ -8,7 +8,15 @@ import numpy as np
 import torch
 
 import polyop.torch
-from resource_check import CALLS, WARMUP, assert_bound_detects_a_64_byte_leak, check_loop, run_threads
+from resource_check import (
+    CALLS,
+    WARMUP,
+    assert_bound_detects_a_64_byte_leak,
+    assert_threads_bitwise_equal,
+    check_loop,
+    check_softmax_add_topk,
+    numpy_topk,
+)
 
 P = polyop.torch.load().handle  # torch.ops.polyop
 G = torch.Generator().manual_seed(17)
@@ -75,14 +83,7 @@ def test_eight_threads_bitwise_equal_to_one_thread():
     g = torch.Generator().manual_seed(5)
     inputs = [(torch.randn(64, 257, generator=g), torch.randn(64, 257, generator=g)) for _ in range(4)]
     single = _work(inputs)
-    for (x, y), (s, a, v, idx) in zip(inputs, single[: len(inputs)]):
-        ref = torch.softmax(x.double(), -1).numpy()
-        np.testing.assert_allclose(np.frombuffer(s, np.float32).reshape(x.shape), ref, rtol=1e-5)
-        np.testing.assert_array_equal(np.frombuffer(a, np.float32).reshape(x.shape), (x + y).numpy())
-        order = np.argsort(-x.numpy(), axis=-1, kind="stable")[:, :5]
-        np.testing.assert_array_equal(np.frombuffer(idx, np.int64).reshape(64, 5), order)
-        np.testing.assert_array_equal(np.frombuffer(v, np.float32).reshape(64, 5),
-                                      np.take_along_axis(x.numpy(), order, -1))
-    results = run_threads(lambda t: _work(inputs))
-    for t, r in enumerate(results):
-        assert r == single, f"thread {t} differs from the single-threaded run"
+    check_softmax_add_topk(single, [
+        (torch.softmax(x.double(), -1).numpy(), (x + y).numpy(), *numpy_topk(x.numpy(), 5))
+        for x, y in inputs])
+    assert_threads_bitwise_equal(single, lambda t: _work(inputs))

@@ -11,7 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import polyop.jax as pj
-from resource_check import CALLS, WARMUP, assert_bound_detects_a_64_byte_leak, check_loop, run_threads
+from resource_check import (
+    CALLS,
+    WARMUP,
+    assert_bound_detects_a_64_byte_leak,
+    assert_threads_bitwise_equal,
+    check_loop,
+    check_softmax_add_topk,
+)
 
 jax.config.update("jax_enable_x64", True)
 pj.load()
@@ -85,14 +92,8 @@ def test_eight_threads_bitwise_equal_to_one_thread():
         return res
 
     single = work()
-    for (x, y), (s, a, v, idx) in zip(inputs, single[: len(inputs)]):
-        xn = np.asarray(x)
-        ref = np.asarray(jax.nn.softmax(x.astype(jnp.float64), axis=-1))
-        np.testing.assert_allclose(np.frombuffer(s, np.float32).reshape(xn.shape), ref, rtol=1e-5)
-        np.testing.assert_array_equal(np.frombuffer(a, np.float32).reshape(xn.shape), xn + np.asarray(y))
-        lv, li = jax.lax.top_k(x, 5)
-        np.testing.assert_array_equal(np.frombuffer(idx, np.int64).reshape(64, 5), np.asarray(li))
-        np.testing.assert_array_equal(np.frombuffer(v, np.float32).reshape(64, 5), np.asarray(lv))
-    results = run_threads(lambda t: work())
-    for t, r in enumerate(results):
-        assert r == single, f"thread {t} differs from the single-threaded run"
+    check_softmax_add_topk(single, [
+        (np.asarray(jax.nn.softmax(x.astype(jnp.float64), axis=-1)), np.asarray(x) + np.asarray(y),
+         *(np.asarray(r) for r in jax.lax.top_k(x, 5)))
+        for x, y in inputs])
+    assert_threads_bitwise_equal(single, lambda t: work())
