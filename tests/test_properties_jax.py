@@ -30,25 +30,20 @@ def run(case):
     return [np.asarray(o) for o in (out if isinstance(out, tuple) else (out,))]
 
 
-def negative_zero_attr(case):
-    """Bug: -0.0 after 0.0 reuses 0.0's function (see test_negative_zero_attribute)."""
-    return any(isinstance(v, float) and v == 0.0 and np.signbit(v) for v in case.attrs.values())
-
-
 test_valid, test_invalid, test_regression, property_case_count, COUNTER = ps.make_tests(
-    "jax", run, (jax.errors.JaxRuntimeError, ValueError, TypeError), known_bug=negative_zero_attr
+    "jax", run, (jax.errors.JaxRuntimeError, ValueError, TypeError)
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: scale(x, alpha=-0.0) after scale(x, alpha=0.0) returns +0.0 under JAX: polyop's "
-    "own function cache now keys floats by their bits (polyop/jax.py, _cache_key), but JAX's "
-    "compilation cache compares custom-call attributes with ==, and 0.0 == -0.0 with equal "
-    "hashes, so the alpha=0.0 executable is reused; found by the scale property test",
-)
+# Found by the scale property test: JAX caches a primitive's executable by its parameters
+# with ==, and 0.0 == -0.0, so alpha=-0.0 after alpha=0.0 returned +0.0 until polyop.jax
+# passed float attributes as bit-compared values (_FfiFloat in polyop/jax.py).
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_negative_zero_attribute(dtype):
     x = np.array([0.25, 2.0], ps.NP_DTYPES[dtype])
     ps.check_valid(run, ps.Case("scale", [x], {"alpha": 0.0}))
     ps.check_valid(run, ps.Case("scale", [x], {"alpha": -0.0}))
+    # and under jax.jit, one traced function per alpha in the same process
+    for alpha in (0.0, -0.0, 0.0):
+        got = np.asarray(jax.jit(lambda v, a=alpha: pj.scale(v, alpha=a))(jnp.asarray(x)))
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(x * np.asarray(alpha, x.dtype)))

@@ -226,6 +226,24 @@ def _hashable_attr(name: str, op: str, v: Any):
     )
 
 
+class _FfiFloat(np.float64):
+    """A float attribute handed to ``jax.ffi.ffi_call``: lowers like ``np.float64`` (an f64 FFI
+    attribute) but compares bit for bit. JAX caches primitive executables by their parameters
+    with ``==``, and ``0.0 == -0.0`` with equal hashes, so a plain float made
+    ``scale(x, alpha=-0.0)`` after ``scale(x, alpha=0.0)`` reuse the ``+0.0`` executable."""
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(struct.pack("<d", self))
+
+
 def _ffi_attr(v):
     """Canonical attribute -> what ``jax.ffi.ffi_call`` lowers to the FFI attribute types."""
     if isinstance(v, bool):
@@ -233,7 +251,7 @@ def _ffi_attr(v):
     if isinstance(v, int):
         return np.int64(v)
     if isinstance(v, float):
-        return np.float64(v)
+        return _FfiFloat(v)
     if isinstance(v, str):
         return v
     if isinstance(v, tuple):
