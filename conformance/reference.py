@@ -91,9 +91,13 @@ def softmax(x, axis=-1):
         return [_float_result(np.exp(v - v) / 1.0, x)]
     if v.size == 0:
         return [_float_result(v.copy(), x)]
-    m = np.max(v, axis=axis, keepdims=True)
-    e = np.exp(v - m)
-    return [_float_result(e / np.sum(e, axis=axis, keepdims=True), x)]
+    # x - max and exp in extended precision (x86-64's 80-bit long double): in float64 the
+    # rounding of x - max (half an ulp of |x - max|) becomes |x - max|/2 ulps of error after
+    # exp, so a float64 reference of a row spread over 100 would be ~50 ulps off itself.
+    ld = v.astype(np.longdouble)
+    m = np.max(ld, axis=axis, keepdims=True)
+    e = np.exp(ld - m)
+    return [_float_result((e / np.sum(e, axis=axis, keepdims=True)).astype(np.float64), x)]
 
 
 def rms_norm(x, weight=None, eps=1e-6):
