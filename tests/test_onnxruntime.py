@@ -22,6 +22,7 @@ from onnx import helper
 from onnxruntime.capi.onnxruntime_pybind11_state import (  # noqa: I001
     Fail,
     InvalidArgument,
+    InvalidGraph,
     RuntimeException,
 )
 
@@ -476,6 +477,52 @@ def test_bad_input_static_shapes_fail_session_creation(case):
     assert f"polyop.{_onnx_name_to_op(op_type)}:" in msg, msg
     assert problem.lower() in msg.lower(), msg
     _check_next_run_works()
+
+
+def _if_model(then_node):
+    """An If whose then-branch holds ``then_node`` (x: float[2, 4] from the outer scope)."""
+    then_g = helper.make_graph([then_node], "then", [], [out("t")])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["t"])], "else", [], [out("t")])
+    cond = helper.make_tensor("c", TP.BOOL, [], [True])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)
+    m = onnx.load_from_string(model([node], [vi("x", TP.FLOAT, [2, 4])], [out("y")]))
+    m.graph.initializer.append(cond)
+    return m
+
+
+@pytest.mark.parametrize("where", ["top level", "If subgraph"])
+@pytest.mark.parametrize(
+    "op_type, attrs, problem",
+    [
+        ("Softmax", {"axes": 0}, "polyop.softmax: {node}unknown attribute `axes` (this op takes: axis)"),
+        ("Negate", {"alpha": 1.0}, "polyop.negate: {node}unknown attribute `alpha` (this op takes: no attributes)"),
+        ("Softmx", {}, "polyop: {node}no op 'Softmx' in domain ai.polyop"),
+    ],
+)
+def test_unknown_attribute_or_op_type_fails_the_session(where, op_type, attrs, problem):
+    # ONNX Runtime builds custom-op schemas with AllowUncheckedAttributes() and a kernel cannot
+    # list its node's attributes: a raw session would run softmax with axis=-1. pox.session
+    # (and pox.check_model, for sessions made from pox.session_options) refuse the model.
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    node = helper.make_node(op_type, ["x"], ["t" if where != "top level" else "y"], domain="ai.polyop",
+                            name="n1", **attrs)
+    m = onnx.load_from_string(one_node(op_type, [("x", x)], ["y"], **attrs)) if where == "top level" else _if_model(node)
+    if where == "top level":
+        m.graph.node[0].name = "n1"
+    want = problem.format(node=f'node "n1" (ai.polyop::{op_type}): ')
+    for call in (lambda: pox.session(m), lambda: pox.check_model(m), lambda: pox.check_model(m.SerializeToString())):
+        with pytest.raises(InvalidGraph) as e:
+            call()
+        assert str(e.value) == want if op_type != "Softmx" else str(e.value).startswith(want), str(e.value)
+    # the same model with the attribute spelled right runs, and matches NumPy's softmax
+    if op_type == "Softmax":
+        node.ClearField("attribute")
+        node.attribute.append(helper.make_attribute("axis", 0))
+        m = one_node(op_type, [("x", x)], ["y"], axis=0) if where == "top level" else _if_model(node)
+        pox.check_model(m)
+        (y,) = pox.session(m).run(None, {"x": x})
+        e = np.exp(x - x.max(axis=0))
+        np.testing.assert_allclose(y, e / e.sum(axis=0), rtol=4 * 2.0**-23)
 
 
 DYNAMIC_BAD = [c for c in BAD if c[0] in {"bad broadcast", "axis out of range", "k out of range", "wrong weight shape", "conv channel mismatch"}]

@@ -52,6 +52,7 @@ import polyop  # noqa: E402
 from . import _shapes  # noqa: E402
 from . import onnx as _onnx  # noqa: E402  (registers the ai.polyop OpSchemas)
 from ._library import Loaded  # noqa: E402
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph  # noqa: E402
 from .onnx import DOMAIN, OPSET_VERSION, tensor_type  # noqa: E402,F401
 from .onnx import onnx_attr as _onnx_attr  # noqa: E402
 
@@ -66,6 +67,7 @@ __all__ = [
     "make_node",
     "make_model",
     "session",
+    "check_model",
     "run",
     "tensor_type",
 ]
@@ -247,8 +249,69 @@ def make_model(
     )
 
 
+def _subgraphs(node: onnx.NodeProto):
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def _nodes(graph: onnx.GraphProto):
+    for n in graph.node:
+        yield n
+        for g in _subgraphs(n):
+            yield from _nodes(g)
+
+
+def _namespace(meta) -> str:
+    """The namespace a library's errors name its ops with (``polyop`` for the stock one)."""
+    return getattr(meta, "namespace", None) or "polyop"
+
+
+def check_model(model: onnx.ModelProto | bytes, library: str | None = None) -> None:
+    """Check every node of the library's domain in ``model`` (subgraphs and model-local
+    functions included): a known op type and only the op's own attribute names.
+
+    ONNX Runtime does not do this for custom ops: it builds their schemas with
+    ``AllowUncheckedAttributes()`` and gives a kernel no way to list its node's attributes,
+    so a typo such as ``axes`` for ``axis`` would be ignored and the default used.
+    :func:`session` runs this check on every model; call it before creating an
+    ``InferenceSession`` from :func:`session_options` yourself. Raises ONNX Runtime's own
+    ``InvalidGraph``, naming the op, the node and the problem."""
+    if isinstance(model, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(model))
+    _, domain, meta = _lib(library)
+    by_type = {o["onnx_name"]: o for o in meta.ops() if not o["flags"]["inplace"]}
+    nodes = list(_nodes(model.graph))
+    for f in model.functions:
+        for n in f.node:
+            nodes.append(n)
+            for g in _subgraphs(n):
+                nodes.extend(_nodes(g))
+    for n in nodes:
+        if n.domain != domain:
+            continue
+        where = f'node "{n.name}" ({domain}::{n.op_type})' if n.name else f"{domain}::{n.op_type} node"
+        info = by_type.get(n.op_type)
+        if info is None:
+            raise InvalidGraph(
+                f"{_namespace(meta)}: {where}: "
+                f"no op {n.op_type!r} in domain {domain} (it has: {', '.join(sorted(by_type))})"
+            )
+        known = [a["name"] for a in info["attrs"]]
+        for a in n.attribute:
+            if a.name not in known:
+                takes = ", ".join(known) if known else "no attributes"
+                raise InvalidGraph(
+                    f"{_namespace(meta)}.{info['name']}: {where}: unknown attribute `{a.name}` "
+                    f"(this op takes: {takes})"
+                )
+
+
 @functools.lru_cache(maxsize=256)
 def _cached_session(model_bytes: bytes, threads: int, library: str | None = None) -> ort.InferenceSession:
+    check_model(model_bytes, library)
     return ort.InferenceSession(
         model_bytes, session_options(library=library, intra_op_num_threads=threads),
         providers=["CPUExecutionProvider"],
