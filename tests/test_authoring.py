@@ -220,9 +220,11 @@ def test_jax_author_lib_next_to_stock(example_libs):
         jax.config.update("jax_enable_x64", True)
         import polyop.jax as pj
         path = {example_libs['xla']!r}
-        # the ordinary call: register the target from the library's symbol
+        # the ordinary call: register the target with the handler from the library's lookup
         lib = ctypes.cdll.LoadLibrary(path)
-        jax.ffi.register_ffi_target("example_swiglu", jax.ffi.pycapsule(lib.example_swiglu), platform="cpu")
+        handler = lib.example_xla_handler
+        handler.restype, handler.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+        jax.ffi.register_ffi_target("example_swiglu", jax.ffi.pycapsule(handler(b"swiglu")), platform="cpu")
         x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)))
         g = jnp.asarray(np.random.default_rng(1).normal(size=(4, 3)))
         raw = jax.ffi.ffi_call("example_swiglu", jax.ShapeDtypeStruct(x.shape, x.dtype))(x, g)

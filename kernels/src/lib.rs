@@ -12,29 +12,6 @@ pub mod softmax;
 pub mod topk;
 pub mod vmath;
 
-/// Calls `$m!` with the names of every stock op that a framework without in-place semantics
-/// exposes (forward and backward). For adapters that need one symbol per op at compile time
-/// (XLA's handlers), so that no adapter lists op names; a test checks it against
-/// [`registry`].
-#[macro_export]
-macro_rules! with_out_of_place_op_names {
-    ($($m:ident)::+ { $($args:tt)* }) => {
-        $($m)::+! { $($args)*
-            negate,
-            add, add_backward,
-            scale,
-            relu, relu_backward,
-            add_relu, add_relu_backward,
-            gelu, gelu_backward,
-            softmax, softmax_backward,
-            rms_norm, rms_norm_backward,
-            topk, topk_backward,
-            conv2d, conv2d_backward,
-            nonzero,
-        }
-    };
-}
-
 /// Every stock op (forward and backward), validated.
 pub fn registry() -> &'static Registry {
     static REG: OnceLock<Registry> = OnceLock::new();
@@ -51,24 +28,4 @@ fn build() -> Result<Registry> {
     nonzero::register(&mut r)?;
     r.validate()?;
     Ok(r)
-}
-
-#[cfg(test)]
-mod tests {
-    macro_rules! names {
-        ($($n:ident),* $(,)?) => {
-            &[$(stringify!($n)),*]
-        };
-    }
-
-    #[test]
-    fn op_name_list_matches_the_registry() {
-        let listed: &[&str] = with_out_of_place_op_names!(names {});
-        let want: Vec<&str> = super::registry()
-            .ops()
-            .filter(|o| !o.flags.inplace)
-            .map(|o| o.name)
-            .collect();
-        assert_eq!(listed, &want[..]);
-    }
 }

@@ -229,7 +229,13 @@ def worker(fw: str, path: str) -> int:
         import ctypes
 
         dll = ctypes.CDLL(path)
-        report["missing_symbols"] = [f"{lib.name}{n}" for n in lib.exported if not hasattr(dll, f"{lib.name}{n}")]
+        lookup = getattr(dll, f"{lib.name}xla_handler", None)
+        if lookup is None:
+            report["missing_symbols"] = [f"{lib.name}xla_handler"]
+        else:
+            lookup.restype, lookup.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+            report["missing_symbols"] = [f"{lib.name}xla_handler({n!r})" for n in lib.exported
+                                         if not lookup(n.encode())]
         report["unexported_ops"] = [o["name"] for o in lib.ops()
                                     if not o["flags"]["inplace"] and o["name"] not in lib.exported]
     report["stage"] = "smoke"

@@ -8,8 +8,8 @@ Every op of ``polyop.ops()`` (except torch-only in-place ops) becomes a function
 generated from its metadata; nothing in this file knows a particular op:
 
 - **targets**: ``load()`` (called on first use) loads ``polyop.library_path("xla")`` with
-  ctypes and registers ``polyop_<name>`` for every op with
-  ``jax.ffi.register_ffi_target(..., jax.ffi.pycapsule(lib.polyop_<name>), platform="cpu")``.
+  ctypes and registers target ``polyop_<name>`` for every op with
+  ``jax.ffi.register_ffi_target(..., jax.ffi.pycapsule(lib.polyop_xla_handler(b"<name>")), platform="cpu")``.
   It returns the object every ``polyop.<framework>.load()`` returns
   (:class:`polyop._library.Loaded`): one attribute per op (the functions of this module),
   ``call``, ``path``, ``name`` (the target prefix), ``op_names``, ``library``/``info`` and
@@ -126,16 +126,22 @@ def load(path: str | None = None) -> Loaded:
 
 
 def _register_targets(dll, prefix: str, names, path: str) -> dict[str, str]:
-    """Register ``<prefix><name>`` for every op in ``names`` from ``dll``'s handler symbols."""
+    """Register ``<prefix><name>`` for every op in ``names`` with the handler the library's
+    ``<prefix>xla_handler(name)`` lookup gives (``polyop_xla::export!``)."""
+    lookup = getattr(dll, f"{prefix}xla_handler", None)
+    if lookup is None:
+        raise RuntimeError(
+            f"polyop: {path} exports no symbol {prefix}xla_handler (built by an older polyop?); "
+            "rebuild it (cargo build --release)"
+        )
+    lookup.restype = ctypes.c_void_p
+    lookup.argtypes = [ctypes.c_char_p]
     targets = {}
     for name in names:
         target = f"{prefix}{name}"
-        fn = getattr(dll, target, None)
-        if fn is None:
-            raise RuntimeError(
-                f"polyop.{name}: {path} exports no symbol {target}; rebuild it "
-                "(cargo build --release)"
-            )
+        fn = lookup(name.encode())
+        if not fn:
+            raise RuntimeError(f"polyop.{name}: {path} has no XLA handler for {name!r}; rebuild it")
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         targets[name] = target
     return targets

@@ -5,7 +5,7 @@ mod common;
 
 use common::{buffer, fake_api, take_error, Buf, Handler, RawAttr};
 use polyop_xla::sys;
-use polyop_xla::{xla_handlers, EXPORTED_OPS};
+use polyop_xla::xla_handlers;
 use std::ptr::null_mut;
 
 /// `name=value` attributes for [`call`].
@@ -38,20 +38,31 @@ const S64: sys::XLA_FFI_DataType = sys::XLA_FFI_DataType_XLA_FFI_DataType_S64;
 #[test]
 fn every_registry_op_has_an_exported_handler() {
     let reg = polyop_kernels::registry();
-    let missing: Vec<&str> = reg
-        .ops()
-        .filter(|o| !o.flags.inplace)
-        .map(|o| o.name)
-        .filter(|n| !EXPORTED_OPS.contains(n))
-        .collect();
-    assert!(missing.is_empty(), "ops without a polyop_<name> symbol (add them to export_xla_handlers! in adapters/xla/src/lib.rs): {missing:?}");
-    for o in reg.ops().filter(|o| o.flags.inplace) {
+    let mut seen = Vec::new();
+    for o in reg.ops() {
+        let h = xla_handlers::handler(o.name);
+        if o.flags.inplace {
+            assert!(h.is_none(), "in-place op {} must not be exported", o.name);
+            continue;
+        }
+        let h = h.unwrap_or_else(|| panic!("op {} has no handler", o.name));
+        // one function per op: XLA tells a handler nothing about which target it serves
         assert!(
-            !EXPORTED_OPS.contains(&o.name),
-            "in-place op {} must not be exported",
+            !seen.contains(&(h as usize)),
+            "op {} shares a handler",
             o.name
         );
+        seen.push(h as usize);
+        // the C lookup gives the same function
+        let name = std::ffi::CString::new(o.name).unwrap();
+        // SAFETY: a valid NUL-terminated string.
+        let c = unsafe { xla_handlers::lookup(name.as_ptr()) };
+        assert_eq!(c.map(|f| f as usize), Some(h as usize), "{}", o.name);
     }
+    assert!(xla_handlers::handler("no_such_op").is_none());
+    // SAFETY: null is allowed.
+    assert!(unsafe { xla_handlers::lookup(std::ptr::null()) }.is_none());
+    assert_eq!(polyop_xla::exported_names(reg).len(), seen.len());
 }
 
 #[test]
@@ -76,7 +87,7 @@ fn metadata_query_reports_api_version_and_traits() {
     frame.extension_start = &mut ext.extension_base;
     // SAFETY: a metadata-query frame: the extension chain (`ext`, `md`) and `api` outlive the
     // call, and the handler reads nothing else of a metadata query.
-    let e = take_error(unsafe { xla_handlers::topk(&mut frame) });
+    let e = take_error(unsafe { xla_handlers::handler("topk").unwrap()(&mut frame) });
     assert!(e.is_none(), "{e:?}");
     assert_eq!(md.api_version.major_version, sys::XLA_FFI_API_MAJOR as i32);
     assert_eq!(md.api_version.minor_version, sys::XLA_FFI_API_MINOR as i32);
@@ -90,7 +101,7 @@ fn api_version_mismatch_fails_clearly() {
     for (maj, min) in [(1, 0), (0, 0)] {
         let api = fake_api(maj, min);
         let e = call(
-            xla_handlers::negate,
+            xla_handlers::handler("negate").unwrap(),
             &api,
             &mut [buffer(F32, &[2], x.as_mut_ptr() as _)],
             &mut [buffer(F32, &[2], y.as_mut_ptr() as _)],
@@ -116,7 +127,7 @@ fn negate_and_errors_and_next_call_works() {
     let mut x = [1.0f32, -2.0, 3.0];
     let mut y = [0.0f32; 3];
     let e = call(
-        xla_handlers::negate,
+        xla_handlers::handler("negate").unwrap(),
         &api,
         &mut [buffer(F32, &[3], x.as_mut_ptr() as _)],
         &mut [buffer(F32, &[3], y.as_mut_ptr() as _)],
@@ -127,7 +138,7 @@ fn negate_and_errors_and_next_call_works() {
     // Wrong result shape declared by the caller.
     let mut y2 = [0.0f32; 2];
     let e = call(
-        xla_handlers::negate,
+        xla_handlers::handler("negate").unwrap(),
         &api,
         &mut [buffer(F32, &[3], x.as_mut_ptr() as _)],
         &mut [buffer(F32, &[2], y2.as_mut_ptr() as _)],
@@ -145,7 +156,7 @@ fn negate_and_errors_and_next_call_works() {
     );
     // Unknown attribute.
     let e = call(
-        xla_handlers::negate,
+        xla_handlers::handler("negate").unwrap(),
         &api,
         &mut [buffer(F32, &[3], x.as_mut_ptr() as _)],
         &mut [buffer(F32, &[3], y.as_mut_ptr() as _)],
@@ -155,7 +166,7 @@ fn negate_and_errors_and_next_call_works() {
     assert!(e.1.contains("unknown attribute `alpha`"), "{}", e.1);
     // Too many operands.
     let e = call(
-        xla_handlers::negate,
+        xla_handlers::handler("negate").unwrap(),
         &api,
         &mut [
             buffer(F32, &[3], x.as_mut_ptr() as _),
@@ -172,7 +183,7 @@ fn negate_and_errors_and_next_call_works() {
     );
     // Missing required operand.
     let e = call(
-        xla_handlers::negate,
+        xla_handlers::handler("negate").unwrap(),
         &api,
         &mut [],
         &mut [buffer(F32, &[3], y.as_mut_ptr() as _)],
@@ -187,7 +198,7 @@ fn negate_and_errors_and_next_call_works() {
     // And the next call works.
     let mut y3 = [0.0f32; 3];
     assert!(call(
-        xla_handlers::negate,
+        xla_handlers::handler("negate").unwrap(),
         &api,
         &mut [buffer(F32, &[3], x.as_mut_ptr() as _)],
         &mut [buffer(F32, &[3], y3.as_mut_ptr() as _)],
@@ -207,7 +218,7 @@ fn topk_with_int_and_string_attrs() {
     let mut v = [0.0f32; 2];
     let mut i = [0i64; 2];
     let e = call(
-        xla_handlers::topk,
+        xla_handlers::handler("topk").unwrap(),
         &api,
         &mut [buffer(F32, &[1, 4], x.as_mut_ptr() as _)],
         &mut [
@@ -219,7 +230,7 @@ fn topk_with_int_and_string_attrs() {
     assert!(e.is_none(), "{e:?}");
     assert_eq!((v, i), ([3.0, 3.0], [1, 2]));
     let e = call(
-        xla_handlers::topk,
+        xla_handlers::handler("topk").unwrap(),
         &api,
         &mut [buffer(F32, &[1, 4], x.as_mut_ptr() as _)],
         &mut [
@@ -242,7 +253,7 @@ fn nonzero_refused_cleanly() {
     let mut x = [1.0f32, 0.0];
     let mut y = [0i64; 2];
     let e = call(
-        xla_handlers::nonzero,
+        xla_handlers::handler("nonzero").unwrap(),
         &api,
         &mut [buffer(F32, &[2], x.as_mut_ptr() as _)],
         &mut [buffer(S64, &[1, 1], y.as_mut_ptr() as _)],
@@ -264,7 +275,7 @@ fn cached_call_sites_keep_attributes_and_shapes_apart() {
             let mut v = [0.0f32; 2];
             let mut i = [0i64; 2];
             let e = call(
-                xla_handlers::topk,
+                xla_handlers::handler("topk").unwrap(),
                 &api,
                 &mut [buffer(F32, &shape, x.as_mut_ptr() as _)],
                 &mut [
@@ -290,7 +301,7 @@ fn cached_call_sites_keep_attributes_and_shapes_apart() {
         let mut v = [0.0f32; 2];
         let mut i = [0i64; 2];
         let e = call(
-            xla_handlers::topk,
+            xla_handlers::handler("topk").unwrap(),
             &api,
             &mut [buffer(F32, &[2, 3], x.as_mut_ptr() as _)],
             &mut [
@@ -303,7 +314,7 @@ fn cached_call_sites_keep_attributes_and_shapes_apart() {
         assert_eq!(v, [3.0, 5.0]);
         // A bad attribute value is reported every time (errors are not cached).
         let e = call(
-            xla_handlers::topk,
+            xla_handlers::handler("topk").unwrap(),
             &api,
             &mut [buffer(F32, &[6], x.as_mut_ptr() as _)],
             &mut [

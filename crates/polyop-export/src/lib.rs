@@ -155,10 +155,10 @@ pub fn library_info(
     Value::Object(m).to_string()
 }
 
-/// Where a library's exported op names (listed by hand in the XLA `export!` macro) and its
-/// registry disagree: a name that is no op (a typo) or an op left out. Reported as load errors,
-/// so loading the library through polyop fails with the reason instead of an op going missing.
-/// In-place ops are exported only to torch.
+/// Where a library's exported op names and its registry disagree: a name that is no op or an
+/// op left out (the XLA `export!` exports at most `polyop_xla::MAX_OPS` ops). Reported as load
+/// errors, so loading the library through polyop fails with the reason instead of an op going
+/// missing. In-place ops are exported only to torch.
 fn export_mismatches(registry: &Registry, framework: &str, exported: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     for name in exported {
@@ -176,7 +176,7 @@ fn export_mismatches(registry: &Registry, framework: &str, exported: &[&str]) ->
         if surface && !exported.contains(&op.name) {
             out.push(format!(
                 "polyop: op `{}` is in the registry but this {framework} library does not \
-                 export it; add it to the export! macro",
+                 export it (more ops than its export! can serve?)",
                 op.name
             ));
         }

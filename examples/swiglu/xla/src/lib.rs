@@ -1,2 +1,2 @@
 //! libswiglu_xla.so: FFI targets `example_swiglu`, `example_swiglu_backward` for `jax.ffi`.
-polyop_xla::export!(prefix = "example_", registry = swiglu_ops::registry(); swiglu, swiglu_backward);
+polyop_xla::export!(prefix = "example_", registry = swiglu_ops::registry());
