@@ -330,6 +330,9 @@ class Library:
         self.name_key: str = self.info["name_key"]
         #: torch namespace / TF op-type prefix / ONNX domain / XLA target prefix.
         self.name: str = self.info[self.name_key]
+        #: the registry's namespace: errors name an op ``<namespace>.<op>`` (``polyop`` for
+        #: the stock ops; ``Registry::named`` in Rust).
+        self.namespace: str = self.info.get("namespace") or "polyop"
         self.exported: list[str] = list(self.info["exported"])
         self._ops = self.info["ops"]
         for o in self._ops:
@@ -402,7 +405,7 @@ class Library:
 
         info = self.op_info(name)
         if info["flags"]["data_dependent_shape"]:
-            raise NotImplementedError(f"polyop.{name}: data-dependent output shape; run it in a framework")
+            raise NotImplementedError(f"{self.namespace}.{name}: data-dependent output shape; run it in a framework")
         arrays = list(arrays) + [None] * (info["num_inputs"] - len(arrays))
         ins, keep = [], []
         for a in arrays:

@@ -85,6 +85,11 @@ class _Src:
 
     def __init__(self, prefix: str, infos: dict, meta: Any, ensure):
         self.prefix, self.infos, self.meta, self.ensure = prefix, infos, meta, ensure
+        #: the library's namespace, which errors name an op with (``polyop`` for the stock)
+        self.namespace = getattr(meta, "namespace", None) or "polyop"
+
+    def label(self, name: str) -> str:
+        return f"{self.namespace}.{name}"
 
 
 _STOCK = _Src("polyop_", _INFOS, polyop, lambda: load())
@@ -125,7 +130,7 @@ def load(path: str | None = None) -> Loaded:
         return _LIB
 
 
-def _register_targets(dll, prefix: str, names, path: str) -> dict[str, str]:
+def _register_targets(dll, prefix: str, names, path: str, ns: str = "polyop") -> dict[str, str]:
     """Register ``<prefix><name>`` for every op in ``names`` with the handler the library's
     ``<prefix>xla_handler(name)`` lookup gives (``polyop_xla::export!``)."""
     lookup = getattr(dll, f"{prefix}xla_handler", None)
@@ -141,7 +146,7 @@ def _register_targets(dll, prefix: str, names, path: str) -> dict[str, str]:
         target = f"{prefix}{name}"
         fn = lookup(name.encode())
         if not fn:
-            raise RuntimeError(f"polyop.{name}: {path} has no XLA handler for {name!r}; rebuild it")
+            raise RuntimeError(f"{ns}.{name}: {path} has no XLA handler for {name!r}; rebuild it")
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         targets[name] = target
     return targets
@@ -153,7 +158,7 @@ def _load_authored(lib) -> Loaded:
         if loaded is not None:
             return loaded
         dll = ctypes.cdll.LoadLibrary(lib.path)
-        targets = _register_targets(dll, lib.name, lib.exported, lib.path)
+        targets = _register_targets(dll, lib.name, lib.exported, lib.path, lib.namespace)
         infos = {o["name"]: o for o in lib.ops() if o["name"] in lib.exported}
         src = _Src(lib.name, infos, lib, lambda: None)
         loaded = Loaded(
@@ -207,7 +212,7 @@ def _jnp_dtype(name: str):
     return jnp.dtype(name)
 
 
-def _hashable_attr(name: str, op: str, v: Any):
+def _hashable_attr(name: str, op: str, v: Any, ns: str = "polyop"):
     """Python attribute value -> hashable canonical form (type kept for the kernel's checks)."""
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
@@ -218,16 +223,16 @@ def _hashable_attr(name: str, op: str, v: Any):
     if isinstance(v, str):
         return v
     if isinstance(v, (list, tuple, np.ndarray)):
-        items = [_hashable_attr(name, op, x) for x in np.asarray(v).ravel().tolist()]
+        items = [_hashable_attr(name, op, x, ns) for x in np.asarray(v).ravel().tolist()]
         return tuple(items)
     if isinstance(v, jax.core.Tracer):
         raise TypeError(
-            f"polyop.{op}: attribute `{name}` is a traced value ({type(v).__name__}); "
+            f"{ns}.{op}: attribute `{name}` is a traced value ({type(v).__name__}); "
             "attributes are compile-time constants: pass a Python value, and under jax.jit "
             f"mark the argument static (jax.jit(f, static_argnames=...)) or close over it"
         )
     raise TypeError(
-        f"polyop.{op}: attribute `{name}` has unsupported type {type(v).__name__} "
+        f"{ns}.{op}: attribute `{name}` has unsupported type {type(v).__name__} "
         "(expected int, float, bool, str or a list of ints/floats)"
     )
 
@@ -287,7 +292,7 @@ def _infer(name: str, specs, attrs: dict, src: _Src = _STOCK):
 
     def unknown():
         raise NotImplementedError(
-            f"polyop.{name}: an output size is unknown before running; XLA needs static shapes"
+            f"{src.label(name)}: an output size is unknown before running; XLA needs static shapes"
         )
 
     ev = _shapes.Evaluator(env, jax.core.max_dim, _sym_broadcast, unknown)
@@ -331,7 +336,7 @@ def _normalize_axes(info: dict, first_shape, attrs: dict) -> dict:
 def _refuse_data_dependent(name: str, src: _Src = _STOCK):
     if src.infos[name]["flags"]["data_dependent_shape"]:
         raise NotImplementedError(
-            f"polyop.{name}: the output shape depends on the input values, which XLA/JAX "
+            f"{src.label(name)}: the output shape depends on the input values, which XLA/JAX "
             "cannot express (static shapes only); use polyop.run (NumPy), torch, TensorFlow "
             "or ONNX Runtime for this op"
         )
@@ -505,7 +510,7 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...], src: _Src = _
     def f_bwd(res, cts):
         xs, outs = res
         if not bwd_info:
-            raise NotImplementedError(f"polyop.{name}: this op has no gradient")
+            raise NotImplementedError(f"{src.label(name)}: this op has no gradient")
         it = iter(xs)
         full_inputs = [next(it) if p else None for p in present]
         def cotangent(i):
@@ -548,29 +553,29 @@ def _apply(name: str, tensors, attrs: dict, normalize: bool = True, src: _Src = 
     info = src.infos[name]
     if info["flags"]["inplace"]:
         raise NotImplementedError(
-            f"polyop.{name}: in-place ops exist only on the torch surface; use the "
+            f"{src.label(name)}: in-place ops exist only on the torch surface; use the "
             "out-of-place op"
         )
     tensors = list(tensors)
     n = info["num_inputs"]
     if len(tensors) != n:
-        raise TypeError(f"polyop.{name}: expected {n} tensor input(s), got {len(tensors)}")
+        raise TypeError(f"{src.label(name)}: expected {n} tensor input(s), got {len(tensors)}")
     present = tuple(t is not None for t in tensors)
     # XLA leaves absent optional operands out of the call, so they must be trailing.
     last = max((i for i, p in enumerate(present) if p), default=-1)
     for i in range(last):
         if not present[i]:
             if not info["inputs"][i]["optional"]:
-                raise TypeError(f"polyop.{name}: input `{info['inputs'][i]['name']}` is required")
+                raise TypeError(f"{src.label(name)}: input `{info['inputs'][i]['name']}` is required")
             raise ValueError(
-                f"polyop.{name}: absent optional input `{info['inputs'][i]['name']}` followed "
+                f"{src.label(name)}: absent optional input `{info['inputs'][i]['name']}` followed "
                 "by a present one cannot be expressed as an XLA call"
             )
     xs = [jnp.asarray(t) for t in tensors if t is not None]
     # Defaults filled in here so the vmap strategy sees every attribute (e.g. axis=-1).
     full_attrs = {a["name"]: a["default"] for a in info["attrs"] if not a["required"]}
     full_attrs.update(attrs)
-    canon = {k: _hashable_attr(k, name, v) for k, v in full_attrs.items() if v is not None}
+    canon = {k: _hashable_attr(k, name, v, src.namespace) for k, v in full_attrs.items() if v is not None}
     if normalize:
         canon = _normalize_axes(info, xs[0].shape if xs else None, canon)
     # Validate at trace time (dtype, shapes, attributes) with the kernel's own messages, before
@@ -626,7 +631,7 @@ def _make_op(name: str, src: _Src = _STOCK):
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"polyop.{name}: {e}") from None
+            raise TypeError(f"{src.label(name)}: {e}") from None
         tensors = [bound.arguments.get(t) for t in tensor_names]
         attrs = {a: bound.arguments[a] for a in attr_names if a in bound.arguments}
         return _apply(name, tensors, attrs, src=src)

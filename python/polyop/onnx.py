@@ -180,7 +180,7 @@ def tensor_type(dtype: Any) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(name))
 
 
-def onnx_attr(op: str, decl: dict, value: Any) -> onnx.AttributeProto:
+def onnx_attr(op: str, decl: dict, value: Any, ns: str = "polyop") -> onnx.AttributeProto:
     """One attribute as ONNX wants it for the schema's declared type."""
     name, ty = decl["name"], decl["type"]
     A = onnx.AttributeProto
@@ -207,9 +207,9 @@ def onnx_attr(op: str, decl: dict, value: Any) -> onnx.AttributeProto:
             return helper.make_attribute(name, [float(v) for v in value], attr_type=A.FLOATS)
     except TypeError:
         raise TypeError(
-            f"polyop.{op}: attribute `{name}` must be {ty}, got {type(value).__name__}"
+            f"{ns}.{op}: attribute `{name}` must be {ty}, got {type(value).__name__}"
         ) from None
-    raise TypeError(f"polyop.{op}: attribute `{name}` has unsupported type {ty}")
+    raise TypeError(f"{ns}.{op}: attribute `{name}` has unsupported type {ty}")
 
 
 # onnx.reference (which onnxscript imports) builds a table of every registered schema by op

@@ -168,12 +168,12 @@ def make_node(
     unknown = [k for k in attrs if k not in decls]
     if unknown:
         raise TypeError(
-            f"polyop.{op}: unknown attribute `{unknown[0]}` (this op takes: "
+            f"{_namespace(meta)}.{op}: unknown attribute `{unknown[0]}` (this op takes: "
             f"{', '.join(decls) or 'no attributes'})"
         )
     if len(inputs) > info["num_inputs"]:
         raise TypeError(
-            f"polyop.{op}: expected at most {info['num_inputs']} input(s), got {len(inputs)}"
+            f"{_namespace(meta)}.{op}: expected at most {info['num_inputs']} input(s), got {len(inputs)}"
         )
     node = helper.make_node(
         info["onnx_name"],
@@ -182,7 +182,7 @@ def make_node(
         name=name,
         domain=domain,
     )
-    node.attribute.extend(_onnx_attr(op, decls[k], v) for k, v in attrs.items())
+    node.attribute.extend(_onnx_attr(op, decls[k], v, _namespace(meta)) for k, v in attrs.items())
     return node
 
 

@@ -93,8 +93,14 @@ def _in_xla_compile() -> bool:
         return False
 
 
+def _label(meta: Any, name: str) -> str:
+    """``<namespace>.<op>``, as errors name an op (``polyop.<op>`` for the stock ones)."""
+    return f"{getattr(meta, 'namespace', None) or 'polyop'}.{name}"
+
+
 def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop):
     name = info["name"]
+    label = _label(meta, name)
     inputs = info["inputs"]
     attr_names = {a["name"] for a in info["attrs"]}
     raw_fn = _raw_fn(raw, info, prefix)
@@ -103,20 +109,20 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
     def fn(*args, **kwargs):
         if len(args) > len(inputs):
             raise TypeError(
-                f"polyop.{name}: takes {len(inputs)} tensor input(s) "
+                f"{label}: takes {len(inputs)} tensor input(s) "
                 f"({', '.join(i['name'] for i in inputs)}), got {len(args)} positional arguments"
             )
         values: list[Any] = list(args) + [None] * (len(inputs) - len(args))
         for k, spec in enumerate(inputs):
             if spec["name"] in kwargs:
                 if k < len(args):
-                    raise TypeError(f"polyop.{name}: input `{spec['name']}` given twice")
+                    raise TypeError(f"{label}: input `{spec['name']}` given twice")
                 values[k] = kwargs.pop(spec["name"])
         op_name = kwargs.pop("name", None)
         unknown = set(kwargs) - attr_names
         if unknown:
             raise TypeError(
-                f"polyop.{name}: unknown argument(s) {sorted(unknown)} (inputs: "
+                f"{label}: unknown argument(s) {sorted(unknown)} (inputs: "
                 f"{[i['name'] for i in inputs]}, attributes: {sorted(attr_names)})"
             )
         call: dict[str, Any] = {}
@@ -131,7 +137,7 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
                 tensors.append(v[0] if v else None)
             else:
                 if v is None:
-                    raise TypeError(f"polyop.{name}: input `{spec['name']}` is required")
+                    raise TypeError(f"{label}: input `{spec['name']}` is required")
                 v = tf.convert_to_tensor(v)
                 tensors.append(v)
             call[spec["name"]] = v
@@ -144,7 +150,7 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
             raise tf.errors.InvalidArgumentError(None, None, str(e)) from None
         if not tf.executing_eagerly() and _in_xla_compile():
             raise tf.errors.UnimplementedError(None, None, (
-                f"polyop.{name}: cannot run inside tf.function(jit_compile=True): XLA compiles "
+                f"{label}: cannot run inside tf.function(jit_compile=True): XLA compiles "
                 "only ops that have an XLA lowering, and TensorFlow's C API (which polyop's "
                 "TensorFlow library is built on) can register CPU kernels but no XLA lowering "
                 "for a custom op. Call it from a tf.function without jit_compile, or use "
@@ -223,7 +229,7 @@ def _register(tf_type: str, grad: Any) -> None:
     _grads_registered.add(tf_type)
 
 
-def _register_no_gradient(info: dict, prefix: str = STOCK_PREFIX) -> None:
+def _register_no_gradient(info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop) -> None:
     """An op that declares no backward op: differentiating through it raises TF's error for a
     missing gradient (``LookupError``) naming the op, as torch and JAX do."""
     name, tf_type = info["name"], prefix + info["camel_name"]
@@ -231,7 +237,7 @@ def _register_no_gradient(info: dict, prefix: str = STOCK_PREFIX) -> None:
         return
 
     def grad(op, *grads):
-        raise LookupError(f"polyop.{name}: this op has no gradient (it declares no backward op)")
+        raise LookupError(f"{_label(meta, name)}: this op has no gradient (it declares no backward op)")
 
     grad.__name__ = f"_polyop_{name}_no_grad"
     _register(tf_type, grad)
@@ -291,7 +297,7 @@ def load(path: str | None = None) -> Loaded:
             if info["backward"] is not None:
                 _register_gradient(ns, info, prefix, meta)
             else:
-                _register_no_gradient(info, prefix)
+                _register_no_gradient(info, prefix, meta)
         _loaded[path] = ns
         return ns
 

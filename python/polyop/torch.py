@@ -147,7 +147,7 @@ def _load_path(path: str) -> Loaded:
                 if info.get("backward"):
                     _register_autograd(info, ns)
                 else:
-                    _register_no_gradient(info, ns)
+                    _register_no_gradient(info, ns, lib.namespace)
             _authored[real] = _loaded_object(real, ns, list(lib.exported), library=lib)
             return _authored[real]
     # The stock library under an explicit path: the stock glue.
@@ -174,7 +174,7 @@ def _schema(name: str, ns: str = "polyop"):
     return getattr(getattr(torch.ops, ns), name).default._schema
 
 
-def _register_no_gradient(info: dict[str, Any], ns: str = "polyop") -> None:
+def _register_no_gradient(info: dict[str, Any], ns: str = "polyop", label_ns: str = "polyop") -> None:
     """An op that declares no backward op: ``backward()`` through it raises a ``RuntimeError``
     naming the op, as JAX and TensorFlow raise their errors, instead of torch's warning and a
     silently missing gradient. In-place ops are left alone (torch refuses autograd
@@ -184,7 +184,7 @@ def _register_no_gradient(info: dict[str, Any], ns: str = "polyop") -> None:
     name = info["name"]
 
     def backward(ctx, *grads):
-        raise RuntimeError(f"polyop.{name}: this op has no gradient (it declares no backward op)")
+        raise RuntimeError(f"{label_ns}.{name}: this op has no gradient (it declares no backward op)")
 
     torch.library.register_autograd(f"{ns}::{name}", backward,
                                     setup_context=lambda ctx, inputs, output: None)
@@ -276,6 +276,7 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
     symbolic size to a constant (torch.compile(dynamic=True) recompiling per size,
     torch.export refusing ``Dim``s)."""
     name = info["name"]
+    label = f"{getattr(meta, 'namespace', None) or 'polyop'}.{name}"
     inplace = info["flags"]["inplace"]
     data_dependent = info["flags"]["data_dependent_shape"]
     _, tensor_pos, attr_pos = _arg_layout(info, ns)
@@ -303,13 +304,13 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
 
         def unknown():
             if not data_dependent:
-                raise RuntimeError(f"polyop.{name}: shape inference left an output dim unknown")
+                raise RuntimeError(f"{label}: shape inference left an output dim unknown")
             return torch.library.get_ctx().new_dynamic_size()
 
         ev = _shapes.Evaluator(env, torch.sym_max, _sym_broadcast, unknown)
         _shapes.check_constraints(
             r["constraints"], ev,
-            lambda ok, msg: torch._check(ok, lambda: f"polyop.{name}: {msg}"),
+            lambda ok, msg: torch._check(ok, lambda: f"{label}: {msg}"),
         )
         if inplace:
             return tensors[0]
@@ -318,7 +319,7 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
         for shape, dtype in r["outputs"]:
             if shape is None:
                 raise RuntimeError(
-                    f"polyop.{name}: output rank is unknown before running; cannot trace"
+                    f"{label}: output rank is unknown before running; cannot trace"
                 )
             outs.append(torch.empty(ev.shape(shape), dtype=getattr(torch, dtype), device=device))
         return outs[0] if len(outs) == 1 else tuple(outs)

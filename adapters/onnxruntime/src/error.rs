@@ -8,7 +8,7 @@ use std::ffi::{CStr, CString};
 
 /// Run `f` at the FFI boundary: an error or a panic becomes an `OrtStatus*` naming `op`.
 pub(crate) fn guard(api: Api, op: &OpDef, f: impl FnOnce() -> Result<()>) -> OrtStatusPtr {
-    call::boundary(op.name, OrtStatusPtr(std::ptr::null_mut()), f, |e| {
+    call::boundary(op, OrtStatusPtr(std::ptr::null_mut()), f, |e| {
         OrtStatusPtr(api.status(&e))
     })
 }
@@ -33,6 +33,7 @@ impl Api {
                     ErrorKind::Internal
                 },
                 op: String::new(),
+                namespace: "",
                 message: format!("onnxruntime: {msg}"),
             })
         }

@@ -131,7 +131,7 @@ pub(crate) unsafe fn read_attrs(
                     "optional input `{}` takes a list of 0 or 1 tensors, got {n}",
                     a.name
                 ))
-                .in_op(op.name));
+                .in_op(op));
             }
             present.push(n == 1);
         } else {

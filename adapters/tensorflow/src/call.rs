@@ -71,9 +71,9 @@ pub unsafe extern "C" fn compute_tramp(state: *mut c_void, ctx: *mut TF_OpKernel
     // SAFETY: created by create_tramp as a Box<KernelState>.
     let st = unsafe { &*(state as *const KernelState) };
     // SAFETY: TF calls the compute function with the context of this compute call.
-    let r = catch_panic(st.op.name, || unsafe { compute(st, ctx) });
+    let r = catch_panic(st.op, || unsafe { compute(st, ctx) });
     if let Err(e) = r {
-        let e = e.in_op(st.op.name);
+        let e = e.in_op(st.op);
         let s = Status::new();
         // SAFETY: `s` is a live status owned here.
         unsafe { report(s.0, &e) };
@@ -105,10 +105,10 @@ pub unsafe fn create(slot: usize, ctx: *mut TF_OpKernelConstruction) -> *mut c_v
         return std::ptr::null_mut();
     };
     // SAFETY: `ctx` is live (this function's contract).
-    match catch_panic(op.name, || unsafe { read_attrs(op, ctx) }) {
+    match catch_panic(op, || unsafe { read_attrs(op, ctx) }) {
         Ok(st) => Box::into_raw(Box::new(st)) as *mut c_void,
         Err(e) => {
-            let e = e.in_op(op.name);
+            let e = e.in_op(op);
             let s = Status::new();
             // SAFETY: as above.
             unsafe {

@@ -111,7 +111,7 @@ pub fn tf_op_spec(op: &OpDef) -> Result<TfOpSpec> {
 
 /// [`tf_op_spec`] with op type `<prefix><CamelName>`.
 pub fn tf_op_spec_with_prefix(prefix: &str, op: &OpDef) -> Result<TfOpSpec> {
-    let err = |m: String| Error::invalid(m).in_op(op.name);
+    let err = |m: String| Error::invalid(m).in_op(op);
     let mut attrs = Vec::new();
     let uses_t = op
         .input_types
@@ -198,9 +198,7 @@ unsafe extern "C" fn shape_tramp<const I: usize>(
         return;
     };
     // SAFETY: `ctx` and `status` are the arguments TF passed to this shape function.
-    let r = catch_panic(op.name, || unsafe {
-        crate::shape::shape_fn(op, ctx, status)
-    });
+    let r = catch_panic(op, || unsafe { crate::shape::shape_fn(op, ctx, status) });
     if let Err(e) = r {
         // SAFETY: as above.
         unsafe { set_status(status, status_code(e.kind), &e.to_string()) };

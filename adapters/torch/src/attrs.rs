@@ -29,7 +29,7 @@ pub(crate) unsafe fn decode(op: &'static OpDef, stack: *mut StableIValue) -> Res
                 if arg.ty.is_tensor() {
                     tensors.push(None);
                 }
-                first_err.get_or_insert(e.in_op(op.name));
+                first_err.get_or_insert(e.in_op(op));
             }
         }
     }

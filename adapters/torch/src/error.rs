@@ -28,7 +28,7 @@ pub unsafe extern "C" fn polyop_torch_boxed_call(
     let result = match op {
         // SAFETY: this function's contract; `st` is the op registered in `slot`, the one whose
         // trampoline torch called.
-        Some(st) => catch_panic(st.op.name, || unsafe {
+        Some(st) => catch_panic(st.op, || unsafe {
             call::call(st, stack, num_args, num_outputs)
         }),
         None => Err(Error::internal(format!("no op registered in slot {slot}"))),

@@ -149,7 +149,7 @@ pub(crate) fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>
         return Err(Error::unsupported(format!(
             "input `{name}` is on {what}; polyop's torch kernels run on CPU tensors only"
         ))
-        .in_op(op.name));
+        .in_op(op));
     }
     let dtype = dtype_from_code(dt).map_err(|n| {
         Error::invalid(format!(
@@ -160,7 +160,7 @@ pub(crate) fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
-        .in_op(op.name)
+        .in_op(op)
     })?;
     let n = dim as usize;
     let (shape, strides) = if n == 0 {

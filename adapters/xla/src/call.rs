@@ -77,7 +77,7 @@ pub unsafe fn handle_with(
     // SAFETY: a non-null frame from XLA (this function's contract).
     let api = unsafe { (*frame).api };
     call::boundary(
-        op_name,
+        (op_name, registry.namespace()),
         std::ptr::null_mut(),
         // SAFETY: as above.
         || unsafe { handle_inner(registry, op_name, state, frame) },

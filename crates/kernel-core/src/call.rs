@@ -197,7 +197,7 @@ impl OpDef {
     pub fn decode_attrs(&self, src: &mut dyn AttrSource) -> Result<Attrs> {
         let mut given = Vec::new();
         for a in self.schema.attr_args() {
-            if let Some(v) = src.get(&a.name, &a.ty).map_err(|e| e.in_op(self.name))? {
+            if let Some(v) = src.get(&a.name, &a.ty).map_err(|e| e.in_op(self))? {
                 given.push((a.name.as_str(), v));
             }
         }
@@ -254,7 +254,7 @@ pub fn run<'t>(
     // Kernels compute with FTZ / DAZ off whatever this thread's mode (SPEC.md §2); the
     // caller's mode is back when this drops, on return or unwinding (see `fpenv`).
     let _fp = crate::fpenv::KernelFpEnv::enter();
-    crate::catch_panic(op.name, || {
+    crate::catch_panic(op, || {
         let specs = op.infer_concrete_cached(&site.infer, inputs, &site.attrs)?;
         if op.flags.data_dependent_shape {
             if phase == Phase::ShapesOnly {
@@ -354,15 +354,15 @@ fn overlaps(t: &TensorRef, outputs: &[TensorMut]) -> bool {
 
 /// Run `f` at an FFI boundary: a polyop error or a panic becomes `sink(error)` (the
 /// framework's error value), success `ok`. No panic unwinds past this.
-pub fn boundary<R>(
-    op_name: &str,
+pub fn boundary<R, O: crate::OpRef + Copy>(
+    op: O,
     ok: R,
     f: impl FnOnce() -> Result<()>,
     sink: impl FnOnce(Error) -> R,
 ) -> R {
-    match crate::catch_panic(op_name, f) {
+    match crate::catch_panic(op, f) {
         Ok(()) => ok,
-        Err(e) => sink(e.in_op(op_name)),
+        Err(e) => sink(e.in_op(op)),
     }
 }
 

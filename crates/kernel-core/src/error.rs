@@ -20,7 +20,44 @@ pub struct Error {
     pub kind: ErrorKind,
     /// Op name (e.g. `"topk"`); empty until [`Error::in_op`] fills it in.
     pub op: String,
+    /// The op's registry namespace (`"polyop"` for the stock ops); empty reads as `polyop`.
+    pub namespace: &'static str,
     pub message: String,
+}
+
+/// What [`Error::in_op`] and [`catch_panic`] accept: an op name (namespace `polyop`) or an
+/// [`crate::OpDef`] (its registry's namespace).
+pub trait OpRef {
+    fn op_name(&self) -> &str;
+    fn op_namespace(&self) -> &'static str;
+}
+
+impl OpRef for &str {
+    fn op_name(&self) -> &str {
+        self
+    }
+    fn op_namespace(&self) -> &'static str {
+        ""
+    }
+}
+
+/// `(op name, namespace)`.
+impl OpRef for (&str, &'static str) {
+    fn op_name(&self) -> &str {
+        self.0
+    }
+    fn op_namespace(&self) -> &'static str {
+        self.1
+    }
+}
+
+impl OpRef for &crate::OpDef {
+    fn op_name(&self) -> &str {
+        self.name
+    }
+    fn op_namespace(&self) -> &'static str {
+        self.namespace
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -30,6 +67,7 @@ impl Error {
         Error {
             kind: ErrorKind::InvalidArgument,
             op: String::new(),
+            namespace: "",
             message: message.into(),
         }
     }
@@ -37,6 +75,7 @@ impl Error {
         Error {
             kind: ErrorKind::Unsupported,
             op: String::new(),
+            namespace: "",
             message: message.into(),
         }
     }
@@ -44,18 +83,23 @@ impl Error {
         Error {
             kind: ErrorKind::Internal,
             op: String::new(),
+            namespace: "",
             message: message.into(),
         }
     }
-    /// Attach the op name, keeping an existing one.
-    pub fn in_op(mut self, op: &str) -> Self {
+    /// Attach the op (a name, or an [`crate::OpDef`] with its namespace), keeping an
+    /// existing one.
+    pub fn in_op(mut self, op: impl OpRef) -> Self {
         if self.op.is_empty() {
-            self.op = op.to_string();
+            self.op = op.op_name().to_string();
+            self.namespace = op.op_namespace();
+        } else if self.namespace.is_empty() && self.op == op.op_name() {
+            self.namespace = op.op_namespace();
         }
         self
     }
     /// Turn a caught panic payload into an internal error.
-    pub fn from_panic(op: &str, payload: Box<dyn std::any::Any + Send>) -> Self {
+    pub fn from_panic(op: impl OpRef, payload: Box<dyn std::any::Any + Send>) -> Self {
         let msg = if let Some(s) = payload.downcast_ref::<&str>() {
             (*s).to_string()
         } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -72,10 +116,15 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.op.is_empty() {
-            write!(f, "polyop: {}", self.message)
+        let ns = if self.namespace.is_empty() {
+            crate::op::DEFAULT_NAMESPACE
         } else {
-            write!(f, "polyop.{}: {}", self.op, self.message)
+            self.namespace
+        };
+        if self.op.is_empty() {
+            write!(f, "{ns}: {}", self.message)
+        } else {
+            write!(f, "{ns}.{}: {}", self.op, self.message)
         }
     }
 }
@@ -92,7 +141,7 @@ macro_rules! bail {
 
 /// Run `f`, turning a panic into an [`Error`] of kind `Internal` for `op`. Every adapter calls
 /// its kernels through this so no panic ever crosses an FFI boundary.
-pub fn catch_panic<T>(op: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub fn catch_panic<T, O: OpRef + Copy>(op: O, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r.map_err(|e| e.in_op(op)),
         Err(payload) => Err(Error::from_panic(op, payload)),

@@ -241,6 +241,9 @@ pub struct OpDef {
     /// Int attributes that name an axis of the first tensor input (Python style, negative
     /// from the end): what batching rules (JAX vmap) must keep pointing at the same axis.
     pub axis_attrs: Vec<&'static str>,
+    /// The namespace of the registry the op is registered in (see [`Registry::named`]):
+    /// errors name the op `<namespace>.<name>`.
+    pub namespace: &'static str,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -339,14 +342,15 @@ impl OpDef {
                     .join(", "),
                 dtypes.len()
             ))
-            .in_op(self.name));
+            .in_op(self));
         }
         let t = self.bound_t(dtypes.iter().copied());
         for ((arg, rule), d) in args.iter().zip(&self.input_types).zip(dtypes) {
             let Some(d) = d else {
                 if arg.ty == crate::schema::ArgType::Tensor {
-                    return Err(Error::invalid(format!("input `{}` is required", arg.name))
-                        .in_op(self.name));
+                    return Err(
+                        Error::invalid(format!("input `{}` is required", arg.name)).in_op(self)
+                    );
                 }
                 continue;
             };
@@ -356,7 +360,7 @@ impl OpDef {
                         "input `{}` must be {f}, got {d}",
                         arg.name
                     ))
-                    .in_op(self.name))
+                    .in_op(self))
                 }
                 TypeRule::T if !self.dtypes.contains(d) => {
                     return Err(Error::invalid(format!(
@@ -368,7 +372,7 @@ impl OpDef {
                             .collect::<Vec<_>>()
                             .join(", ")
                     ))
-                    .in_op(self.name))
+                    .in_op(self))
                 }
                 TypeRule::T if Some(*d) != t => {
                     return Err(Error::invalid(format!(
@@ -376,7 +380,7 @@ impl OpDef {
                         arg.name,
                         t.expect("T bound by an earlier input")
                     ))
-                    .in_op(self.name))
+                    .in_op(self))
                 }
                 _ => {}
             }
@@ -405,9 +409,7 @@ impl OpDef {
             match spec.concrete() {
                 Some(shape) => crate::tensor::checked_byte_size(&shape, spec.dtype.size())
                     .map(|_| ())
-                    .map_err(|e| {
-                        Error::invalid(format!("{} {}", what(), e.message)).in_op(self.name)
-                    }),
+                    .map_err(|e| Error::invalid(format!("{} {}", what(), e.message)).in_op(self)),
                 None => Ok(()),
             }
         };
@@ -422,7 +424,7 @@ impl OpDef {
             attrs,
             constraints: RefCell::default(),
         };
-        let shapes = (self.infer_fn)(&ctx).map_err(|e| e.in_op(self.name))?;
+        let shapes = (self.infer_fn)(&ctx).map_err(|e| e.in_op(self))?;
         let constraints = ctx.constraints.into_inner();
         if shapes.len() != self.num_outputs() {
             return Err(Error::internal(format!(
@@ -430,7 +432,7 @@ impl OpDef {
                 shapes.len(),
                 self.num_outputs()
             ))
-            .in_op(self.name));
+            .in_op(self));
         }
         shapes
             .into_iter()
@@ -440,7 +442,7 @@ impl OpDef {
                 let dtype = match rule {
                     TypeRule::Fixed(d) => *d,
                     TypeRule::T => {
-                        t.ok_or_else(|| Error::internal("no input binds T").in_op(self.name))?
+                        t.ok_or_else(|| Error::internal("no input binds T").in_op(self))?
                     }
                 };
                 let spec = TensorSpec { dtype, shape };
@@ -475,13 +477,13 @@ impl OpDef {
         &self,
         given: impl IntoIterator<Item = (&'a str, AttrValue)>,
     ) -> Result<Attrs> {
-        Attrs::bind(&self.schema, given).map_err(|e| e.in_op(self.name))
+        Attrs::bind(&self.schema, given).map_err(|e| e.in_op(self))
     }
 
     /// Run the kernel: inputs validated by [`OpDef::infer_concrete`] first, outputs allocated to
     /// its shapes. Panics are caught and returned as errors.
     pub fn compute(&self, ctx: &mut KernelCtx) -> Result<()> {
-        crate::catch_panic(self.name, || (self.cpu)(ctx))
+        crate::catch_panic(self, || (self.cpu)(ctx))
     }
 }
 
@@ -724,24 +726,49 @@ impl OpBuilder {
             flags: self.flags,
             onnx_name: self.onnx_name,
             axis_attrs: self.axis_attrs,
+            namespace: DEFAULT_NAMESPACE,
         })
     }
 }
 
+/// The namespace of [`Registry::new`]: the stock ops' `polyop`.
+pub const DEFAULT_NAMESPACE: &str = "polyop";
+
 /// A set of ops, looked up by name. Adapters are generic over a `&'static Registry`.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Registry {
     ops: Vec<OpDef>,
+    namespace: &'static str,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::named(DEFAULT_NAMESPACE)
+    }
 }
 
 impl Registry {
+    /// A registry in namespace `polyop` (the stock ops'); see [`Registry::named`].
     pub fn new() -> Self {
         Self::default()
     }
+    /// A registry whose ops' errors read `<namespace>.<op>: ...` in every framework
+    /// (`Registry::named("my_ops")`: `my_ops.my_op: attribute ...`).
+    pub fn named(namespace: &'static str) -> Self {
+        Registry {
+            ops: Vec::new(),
+            namespace,
+        }
+    }
+    /// The namespace errors name this registry's ops with.
+    pub fn namespace(&self) -> &'static str {
+        self.namespace
+    }
     /// Add an op; names must be unique.
-    pub fn register(&mut self, op: OpDef) -> Result<()> {
+    pub fn register(&mut self, mut op: OpDef) -> Result<()> {
+        op.namespace = self.namespace;
         if self.get(op.name).is_some() {
-            return Err(Error::invalid("an op of this name is already registered").in_op(op.name));
+            return Err(Error::invalid("an op of this name is already registered").in_op(&op));
         }
         self.ops.push(op);
         Ok(())
@@ -768,13 +795,13 @@ impl Registry {
     pub fn validate(&self) -> Result<()> {
         for op in &self.ops {
             if let Some(b) = &op.backward {
-                let bop = self.lookup(b.op).map_err(|e| e.in_op(op.name))?;
+                let bop = self.lookup(b.op).map_err(|e| e.in_op(op))?;
                 if bop.num_inputs() != b.inputs.len() || bop.num_outputs() != b.outputs.len() {
                     return Err(Error::invalid(format!(
                         "backward op `{}` arity does not match the backward spec",
                         b.op
                     ))
-                    .in_op(op.name));
+                    .in_op(op));
                 }
                 for (name, _) in bop.schema.attr_args().map(|a| (a.name.as_str(), ())) {
                     if !op.schema.attr_args().any(|a| a.name == name) {
@@ -782,7 +809,7 @@ impl Registry {
                             "backward op `{}` needs attribute `{name}` the forward op lacks",
                             b.op
                         ))
-                        .in_op(op.name));
+                        .in_op(op));
                     }
                 }
             }

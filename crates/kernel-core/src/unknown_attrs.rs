@@ -102,7 +102,7 @@ impl OpDef {
                     TypeRule::Fixed(d) => Ok(TensorSpec::unknown_rank(*d)),
                     TypeRule::T => t
                         .map(TensorSpec::unknown_rank)
-                        .ok_or_else(|| Error::internal("no input binds T").in_op(self.name)),
+                        .ok_or_else(|| Error::internal("no input binds T").in_op(self)),
                 })
                 .collect()
         };

@@ -368,3 +368,46 @@ fn owned_tensors_are_aligned_for_every_dtype() {
         assert_eq!(DType::from_code(d as u8), Some(d));
     }
 }
+
+#[test]
+fn errors_name_the_op_in_its_registry_namespace() {
+    fn op() -> OpDef {
+        OpDef::builder("twice(Tensor x, int axis=-1) -> Tensor")
+            .dtypes(&[DType::F32])
+            .infer(|ctx| {
+                ctx.attrs.int("axis")?;
+                Err(Error::invalid("always fails"))
+            })
+            .cpu(|_| Ok(()))
+            .build()
+            .unwrap()
+    }
+    let spec = [Some(TensorSpec::new(DType::F32, &[2]))];
+    for (mut reg, want) in [
+        (Registry::new(), "polyop.twice: always fails"),
+        (Registry::named("my_ops"), "my_ops.twice: always fails"),
+    ] {
+        reg.register(op()).unwrap();
+        let o = reg.lookup("twice").unwrap();
+        assert_eq!(o.namespace, reg.namespace());
+        let attrs = o.bind_attrs([]).unwrap();
+        let e = o.infer(&spec, &attrs).unwrap_err();
+        assert_eq!(e.to_string(), want);
+        // an attribute binding error and a caught panic name the namespace too
+        let bad = o
+            .bind_attrs([("axes", AttrValue::Int(0))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.starts_with(&want.replace("always fails", "unknown attribute `axes`")),
+            "{bad}"
+        );
+        let p = catch_panic(o, || -> Result<()> { panic!("boom") })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            p.starts_with(&want.replace("always fails", "internal error")),
+            "{p}"
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //!
 //! | symbol | signature | what |
 //! |---|---|---|
-//! | `polyop_library_info` | `const char* (void)` | JSON: `{"polyop_library": 1, "framework", "name_key", "<name_key>": name, "exported": [...], "ops": [op_info...]}`; static, never freed |
+//! | `polyop_library_info` | `const char* (void)` | JSON: `{"polyop_library": 1, "framework", "name_key", "<name_key>": name, "namespace" (the registry's, which errors name), "exported": [...], "ops": [op_info...]}`; static, never freed |
 //! | `polyop_infer` | `char* (const char* request)` | JSON shape inference, see [`infer_json`]; free with `polyop_free_string` |
 //! | `polyop_run` | `char* (const char* op, const char* attrs_json, const PolyopTensor* in, size_t n_in, const PolyopTensor* out, size_t n_out)` | run the CPU kernel on caller-owned buffers (destination passing); null or an error JSON |
 //! | `polyop_free_string` | `void (char*)` | release a string returned by the two above |
@@ -140,6 +140,8 @@ pub fn library_info(
     m.insert("framework".into(), json!(framework));
     m.insert("name_key".into(), json!(name_key));
     m.insert(name_key.into(), json!(name));
+    // the namespace errors name the ops with (`Registry::named`)
+    m.insert("namespace".into(), json!(registry.namespace()));
     m.insert("polyop_version".into(), json!(env!("CARGO_PKG_VERSION")));
     m.insert("exported".into(), json!(exported));
     let mut errors = LOAD_ERRORS
@@ -240,7 +242,7 @@ fn attr_from_json(op: &OpDef, name: &str, v: &Value) -> Result<AttrValue, Error>
         Error::invalid(format!(
             "attribute `{name}` has an unsupported JSON value {v}"
         ))
-        .in_op(op.name)
+        .in_op(op)
     };
     Ok(match v {
         Value::Null => AttrValue::None,
@@ -287,7 +289,7 @@ pub fn bind_json_attrs(op: &OpDef, attrs: Option<&Value>) -> Result<Attrs, Error
         }
     } else if let Some(v) = attrs {
         if !v.is_null() {
-            return Err(Error::invalid("attributes must be a JSON object").in_op(op.name));
+            return Err(Error::invalid("attributes must be a JSON object").in_op(op));
         }
     }
     op.bind_attrs(given.iter().map(|(k, v)| (k.as_str(), v.clone())))
@@ -330,7 +332,7 @@ fn spec_from_json(op: &OpDef, v: &Value) -> Result<Option<TensorSpec>, Error> {
         Error::invalid(format!(
             "an input spec must be null or [shape | null, dtype] (dims: int, null or a symbol name), got {v}"
         ))
-        .in_op(op.name)
+        .in_op(op)
     };
     let arr = match v {
         Value::Null => return Ok(None),
@@ -339,7 +341,7 @@ fn spec_from_json(op: &OpDef, v: &Value) -> Result<Option<TensorSpec>, Error> {
     };
     let dname = arr[1].as_str().ok_or_else(bad)?;
     let dtype = DType::from_name(dname).ok_or_else(|| {
-        Error::invalid(format!("dtype {dname} is not supported by polyop")).in_op(op.name)
+        Error::invalid(format!("dtype {dname} is not supported by polyop")).in_op(op)
     })?;
     match &arr[0] {
         Value::Null => Ok(Some(TensorSpec::unknown_rank(dtype))),
@@ -474,7 +476,7 @@ pub unsafe fn run_raw(
             &Error::unsupported(
                 "the output shape depends on the data; polyop_run needs pre-allocated outputs",
             )
-            .in_op(op.name),
+            .in_op(op),
             false,
         );
     }
@@ -486,7 +488,7 @@ pub unsafe fn run_raw(
         Ok(v) => v,
         Err(e) => {
             return fail(
-                &Error::invalid(format!("bad attributes JSON: {e}")).in_op(op.name),
+                &Error::invalid(format!("bad attributes JSON: {e}")).in_op(op),
                 true,
             )
         }
@@ -502,13 +504,13 @@ pub unsafe fn run_raw(
                 t.dtype.is_null(),
                 t.ndim
             ))
-            .in_op(op.name));
+            .in_op(op));
         }
         // SAFETY: `t.dtype` is not null (checked above), so by this function's contract it is
         // a NUL-terminated string, alive for the call.
         let dname = unsafe { CStr::from_ptr(t.dtype) }.to_string_lossy();
         let dtype = DType::from_name(&dname).ok_or_else(|| {
-            Error::invalid(format!("dtype {dname} is not supported by polyop")).in_op(op.name)
+            Error::invalid(format!("dtype {dname} is not supported by polyop")).in_op(op)
         })?;
         let n = t.ndim as usize;
         let dims: Vec<i64> = (0..n)
@@ -517,9 +519,7 @@ pub unsafe fn run_raw(
             .map(|i| unsafe { *t.shape.add(i) })
             .collect();
         if let Some(d) = dims.iter().find(|&&d| d < 0) {
-            return Err(
-                Error::invalid(format!("negative dim {d} in shape {dims:?}")).in_op(op.name),
-            );
+            return Err(Error::invalid(format!("negative dim {d} in shape {dims:?}")).in_op(op));
         }
         let shape: Vec<usize> = dims.into_iter().map(|d| d as usize).collect();
         let strides: Vec<isize> = if t.strides.is_null() {
@@ -566,7 +566,7 @@ pub unsafe fn run_raw(
     // the whole call, which outlives `alloc`.
     let mut alloc = match unsafe { Preallocated::new(op, buffers) } {
         Ok(a) => a,
-        Err(e) => return fail(&e.in_op(op.name), true),
+        Err(e) => return fail(&e.in_op(op), true),
     };
     let site = CallSite::once(attrs);
     call::run(op, &refs, &site, &mut alloc, default_pool(), Phase::Compute)

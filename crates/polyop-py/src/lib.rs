@@ -533,7 +533,7 @@ fn infer_specs<'py>(
     let dtypes: Vec<Option<DType>> = specs.iter().map(|s| s.as_ref().map(|s| s.dtype)).collect();
     op.check_inputs(&dtypes).map_err(|e| py_type_err(&e))?;
     let attrs = bind_attrs(op, attrs)?;
-    catch_panic(op.name, || op.infer_symbolic(&specs, &attrs)).map_err(|e| py_err(&e))
+    catch_panic(op, || op.infer_symbolic(&specs, &attrs)).map_err(|e| py_err(&e))
 }
 
 /// Shape inference: `input_specs` holds one `(shape, dtype)` per tensor input (dims are ints,

@@ -335,9 +335,11 @@ def _inputs_unchanged(case: Case, snap: list) -> bool:
     return True
 
 
-def _op_named(op: str, msg: str) -> bool:
+def _op_named(op: str, msg: str, namespace: str = "polyop") -> bool:
+    """Whether ``msg`` names ``op`` as its library's errors do: ``<namespace>.<op>`` (the
+    registry's namespace, ``polyop`` for the stock ops), or a stock framework spelling."""
     camel = "".join(w[:1].upper() + w[1:] for w in op.strip("_").split("_"))
-    return any(s in msg for s in (f"polyop.{op}", f"polyop::{op}", f"polyop_{op}", f"Polyop{camel}"))
+    return any(s in msg for s in (f"{namespace}.{op}", f"polyop::{op}", f"polyop_{op}", f"Polyop{camel}"))
 
 
 def _short(e: BaseException, limit: int = 600) -> str:
@@ -572,7 +574,7 @@ def _run_one(backend, mode, case, expected, base_out, base_name) -> Result:
             alts = (case.expect_error,) if isinstance(case.expect_error, str) else tuple(case.expect_error)
             if not any(a in msg for a in alts):
                 r.detail = f"error message lacks {case.expect_error!r}: {_short(exc)}"
-            elif not _op_named(case.op, msg):
+            elif not _op_named(case.op, msg, getattr(getattr(backend, "meta", None), "namespace", None) or "polyop"):
                 r.detail = f"error message does not name the op: {_short(exc)}"
             else:
                 r.status, r.detail = "pass", _short(exc, 200)

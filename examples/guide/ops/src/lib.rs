@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 pub fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
     R.get_or_init(|| {
-        let mut r = Registry::new();
+        let mut r = Registry::named("guide_ops");
         r.register(
             OpDef::builder("leaky_relu_scaled(Tensor x, float slope=0.01, float scale=1.0) -> Tensor")
                 .dtypes(DType::FLOAT)
@@ -301,7 +301,7 @@ mod tests {
                     .unwrap(),
             )
             .unwrap_err();
-        assert!(e.to_string().starts_with("polyop.minmax: axis"), "{e}");
+        assert!(e.to_string().starts_with("guide_ops.minmax: axis"), "{e}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ const GRAIN: usize = 1 << 14;
 pub fn registry() -> &'static Registry {
     static R: OnceLock<Registry> = OnceLock::new();
     R.get_or_init(|| {
-        let mut r = Registry::new();
+        let mut r = Registry::named("swiglu_ops");
         r.register(
             OpDef::builder("swiglu(Tensor x, Tensor gate) -> Tensor")
                 .doc("x * silu(gate), silu(g) = g * sigmoid(g); x and gate have the same shape")
@@ -211,7 +211,7 @@ mod tests {
             )
             .unwrap_err();
         assert!(
-            e.to_string().starts_with("polyop.swiglu: shape mismatch"),
+            e.to_string().starts_with("swiglu_ops.swiglu: shape mismatch"),
             "{e}"
         );
     }
