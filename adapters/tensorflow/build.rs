@@ -1,6 +1,7 @@
 //! Finds TensorFlow's `libtensorflow_framework.so.2` (where the C API symbols `TF_NewOpDefinitionBuilder`,
-//! `TF_NewKernelBuilder`, `TF_AllocateOutput`, ... live in the pip wheel) and links it with an rpath,
-//! so `tf.load_op_library` needs nothing else (located by `polyop_build::package_dir`).
+//! `TF_NewKernelBuilder`, `TF_AllocateOutput`, ... live in the pip wheel) and links it without an
+//! absolute RUNPATH, so the library can be moved and `tf.load_op_library` after
+//! `import tensorflow` needs nothing else (located by `polyop_build::package_dir`).
 //! Also generates the per-op trampolines (C callbacks carry no user data, so each op slot gets its
 //! own monomorphised `extern "C"` function).
 
@@ -16,16 +17,26 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     gen_trampolines(&out);
 
-    let tf_dir = polyop_build::package_dir("tensorflow", "POLYOP_TF_DIR")
-        .ok()
-        .filter(|d| d.join("libtensorflow_framework.so.2").exists());
-    let Some(tf_dir) = tf_dir else {
-        println!(
-            "cargo:warning=polyop-tensorflow: TensorFlow not found (set POLYOP_PYTHON); \
-             libpolyop_tensorflow.so is built without a link to libtensorflow_framework.so.2 \
-             and only loads into a process that already has it loaded globally"
-        );
-        return;
+    let tf_dir = polyop_build::package_dir("tensorflow", "POLYOP_TF_DIR").and_then(|d| {
+        if d.join("libtensorflow_framework.so.2").exists() {
+            Ok(d)
+        } else {
+            Err(format!(
+                "{} has no libtensorflow_framework.so.2",
+                d.display()
+            ))
+        }
+    });
+    let tf_dir = match tf_dir {
+        Ok(d) => d,
+        Err(e) => {
+            println!(
+                "cargo:warning=polyop-tensorflow: {e}; libpolyop_tensorflow.so is built \
+                 without a link to libtensorflow_framework.so.2 and only loads into a process \
+                 that already has it loaded globally"
+            );
+            return;
+        }
     };
     let lib = tf_dir.join("libtensorflow_framework.so.2");
     println!("cargo:rerun-if-changed={}", lib.display());
@@ -36,7 +47,10 @@ fn main() {
     std::os::unix::fs::symlink(&lib, &link).expect("symlink libtensorflow_framework.so");
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=dylib=tensorflow_framework");
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", tf_dir.display());
+    // No absolute RUNPATH (the library must work wherever it is moved): after
+    // `import tensorflow` the loader reuses the loaded libtensorflow_framework.so.2 (same
+    // soname); the relative entry finds it from a wheel layout (site-packages/polyop/lib/).
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../../tensorflow");
     println!("cargo:rustc-env=POLYOP_TF_DIR={}", tf_dir.display());
 }
 

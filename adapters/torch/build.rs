@@ -1,6 +1,7 @@
 //! Finds the PyTorch wheel (its headers and `libtorch_cpu.so`), compiles the thin C++
-//! trampoline layer (`cxx/trampoline.cpp`) and links against the wheel with an rpath, so
-//! `torch.ops.load_library(path)` works with nothing else set.
+//! trampoline layer (`cxx/trampoline.cpp`) and links against the wheel without an absolute
+//! RUNPATH, so the library can be moved: `torch.ops.load_library(path)` after `import torch`
+//! works with nothing else set.
 //!
 //! Torch is located by `polyop_build::package_dir` (`$POLYOP_TORCH_DIR`, else the package of
 //! `$POLYOP_PYTHON` or the workspace venv).
@@ -41,7 +42,9 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
-    // Resolve libtorch_cpu.so from the wheel when loaded outside Python; inside Python the
-    // already-loaded copy (same soname) is reused.
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // No absolute RUNPATH: the library must work wherever it is moved. Loaded the normal way
+    // (`torch.ops.load_library` after `import torch`), the dynamic loader reuses the
+    // libtorch_cpu.so torch already loaded (same soname). The one relative entry finds torch's
+    // libraries from a wheel layout (site-packages/polyop/lib/ -> site-packages/torch/lib).
+    println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../../torch/lib");
 }

@@ -23,9 +23,9 @@ from ._library import FRAMEWORKS, op_notes, require_framework
 # ------------------------------------------------------------------------------ ELF symbols
 
 
-def elf_symbols(path: str) -> tuple[set[str], set[str]]:
-    """(defined, undefined) dynamic symbol names of an ELF shared object. Raises ValueError
-    for a file that is not a 64-bit little-endian ELF shared object."""
+def _elf(path: str) -> tuple[bytes, list[tuple[int, int, int, int, int]]]:
+    """The bytes and section headers ``(type, offset, size, link, entsize)`` of a 64-bit
+    little-endian ELF shared object; ValueError for anything else."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:4] != b"\x7fELF":
@@ -44,6 +44,17 @@ def elf_symbols(path: str) -> tuple[set[str], set[str]]:
             "<IIQQQQIIQQ", data, off
         )
         sections.append((sh_type, sh_offset, sh_size, sh_link, sh_entsize))
+    return data, sections
+
+
+def _cstr(data: bytes, off: int) -> str:
+    return data[off:data.index(b"\0", off)].decode(errors="replace")
+
+
+def elf_symbols(path: str) -> tuple[set[str], set[str]]:
+    """(defined, undefined) dynamic symbol names of an ELF shared object. Raises ValueError
+    for a file that is not a 64-bit little-endian ELF shared object."""
+    data, sections = _elf(path)
     defined, undefined = set(), set()
     for sh_type, off, size, link, entsize in sections:
         if sh_type != 11:  # SHT_DYNSYM
@@ -51,12 +62,31 @@ def elf_symbols(path: str) -> tuple[set[str], set[str]]:
         str_off = sections[link][1]
         for k in range(size // (entsize or 24)):
             st_name, _st_info, _other, st_shndx = struct.unpack_from("<IBBH", data, off + k * 24)
-            end = data.index(b"\0", str_off + st_name)
-            name = data[str_off + st_name:end].decode(errors="replace")
+            name = _cstr(data, str_off + st_name)
             if not name:
                 continue
             (undefined if st_shndx == 0 else defined).add(name)
     return defined, undefined
+
+
+def elf_dynamic(path: str) -> dict[str, list[str]]:
+    """The dynamic section's ``needed`` libraries and ``runpath`` / ``rpath`` entries (each
+    split at ``:``) of an ELF shared object."""
+    data, sections = _elf(path)
+    out: dict[str, list[str]] = {"needed": [], "runpath": [], "rpath": []}
+    tags = {1: "needed", 15: "rpath", 29: "runpath"}  # DT_NEEDED, DT_RPATH, DT_RUNPATH
+    for sh_type, off, size, link, entsize in sections:
+        if sh_type != 6:  # SHT_DYNAMIC
+            continue
+        str_off = sections[link][1]
+        for k in range(size // (entsize or 16)):
+            tag, val = struct.unpack_from("<qQ", data, off + k * 16)
+            if tag == 0:
+                break
+            if tag in tags:
+                v = _cstr(data, str_off + val)
+                out[tags[tag]].extend(v.split(":") if tags[tag] != "needed" else [v])
+    return out
 
 
 def guess_framework(defined: set[str], undefined: set[str]) -> str | None:

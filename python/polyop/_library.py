@@ -287,13 +287,38 @@ def _dtype_name(dtype: Any) -> str:
     return np.dtype(dtype).name
 
 
+#: A framework library a polyop library links to (its soname prefix) -> the Python package
+#: whose import loads it. The libraries carry no absolute RUNPATH (they can be moved), so
+#: the loader finds these only once the framework has loaded them.
+_FRAMEWORK_SONAMES = {"libtorch_cpu.so": "torch", "libtensorflow_framework.so": "tensorflow"}
+
+
+def _load_dll(path: str):
+    """``ctypes.CDLL(path)``; if the library needs a framework's own library that is not
+    loaded yet, import that framework (as ``torch.ops.load_library`` / ``tf.load_op_library``
+    users do) and try again."""
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        module = next((m for so, m in _FRAMEWORK_SONAMES.items() if so in str(e)), None)
+        if module is None:
+            raise
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except ImportError as ie:
+            raise OSError(f"{e} (it is a {module} library and {module} is not installed: {ie})") from None
+        return ctypes.CDLL(path)
+
+
 class Library:
     """One built polyop library (any framework), read through its C exports."""
 
     def __init__(self, path: str):
         self.path = os.path.realpath(path)
         try:
-            self._dll = ctypes.CDLL(self.path)
+            self._dll = _load_dll(self.path)
         except OSError as e:
             raise LibraryError(f"polyop: cannot load {path}: {e}") from None
         try:
