@@ -96,6 +96,8 @@ pub unsafe fn register_custom_ops_in_domain(
     // SAFETY: non-null, and by this function's contract the `OrtApiBase` onnxruntime passed to
     // `RegisterCustomOps`: a static struct inside the loaded library.
     let base = unsafe { &*api_base };
+    // SAFETY: as above.
+    let (runtime_version, _) = unsafe { sys::runtime(base) };
     // SAFETY: `GetApi` accepts any version and answers null for one it does not have.
     let api_ptr = unsafe { (base.GetApi)(API_VERSION) };
     if api_ptr.is_null() {
@@ -110,7 +112,10 @@ pub unsafe fn register_custom_ops_in_domain(
         let api = Api(unsafe { &*old });
         return api.status_msg(
             OrtErrorCode::ORT_FAIL,
-            &format!("polyop: this library needs ONNX Runtime C API version {API_VERSION} (onnxruntime 1.17) or newer"),
+            &format!(
+                "polyop: this library needs ONNX Runtime 1.{API_VERSION} (C API version \
+                 {API_VERSION}) or newer; this is onnxruntime {runtime_version}"
+            ),
         );
     }
     // SAFETY: as for `old` above; a version-`API_VERSION` table has every entry `Api` calls.

@@ -21,6 +21,10 @@
 use crate::call::{create_kernel_v2, kernel_compute_v2, kernel_destroy};
 use crate::shape::infer_output_shape;
 use crate::sys::{Api, API_VERSION};
+
+/// The first C API version (onnxruntime 1.24) whose shape-inference context survives an
+/// absent optional input.
+const SAFE_OPTIONAL_INFER_API: u32 = 24;
 use crate::tensor::onnx_from_dtype;
 use kernel_core::{ArgType, DType, OpDef, TypeRule};
 use ort_sys::{
@@ -82,7 +86,18 @@ impl PolyOp {
         base.GetVariadicOutputHomogeneity = Some(variadic_homog);
         base.CreateKernelV2 = Some(create_kernel_v2);
         base.KernelComputeV2 = Some(kernel_compute_v2);
-        base.InferOutputShapeFn = Some(infer_output_shape);
+        // onnxruntime before 1.24 crashes inside its own shape-inference context for a node
+        // whose optional input is absent (an empty input name; found by running the ORT tests
+        // under 1.22 and 1.23): there, ops with optional inputs get no shape function (their
+        // output shapes are known at run time only) rather than a crash.
+        let has_optional = op
+            .schema
+            .args
+            .iter()
+            .any(|a| a.ty == ArgType::OptionalTensor);
+        if !(has_optional && crate::sys::runtime_api() < SAFE_OPTIONAL_INFER_API) {
+            base.InferOutputShapeFn = Some(infer_output_shape);
+        }
         PolyOp {
             base,
             op,

@@ -61,6 +61,34 @@ const _: () = assert!(
 
 static SHAPE_REF: std::sync::OnceLock<Option<ShapeRefFn>> = std::sync::OnceLock::new();
 
+/// The loaded onnxruntime's version string and its C API version (a 1.x release serves C API
+/// versions up to its minor number), read once at registration.
+static RUNTIME: std::sync::OnceLock<(String, u32)> = std::sync::OnceLock::new();
+
+/// The running onnxruntime's version string (e.g. `"1.31.1"`) and newest C API version.
+///
+/// # Safety
+/// `base` is the `OrtApiBase` onnxruntime passed to `RegisterCustomOps`.
+pub unsafe fn runtime(base: &ort_sys::OrtApiBase) -> &'static (String, u32) {
+    RUNTIME.get_or_init(|| {
+        // SAFETY: `GetVersionString` returns a static NUL-terminated string of the library.
+        let v = unsafe { CStr::from_ptr((base.GetVersionString)()) }
+            .to_string_lossy()
+            .into_owned();
+        let api = v
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        (v, api)
+    })
+}
+
+/// The running onnxruntime's C API version (0 before [`runtime`] has run).
+pub fn runtime_api() -> u32 {
+    RUNTIME.get().map_or(0, |r| r.1)
+}
+
 /// Look up [`ShapeRefFn`] once per process (at registration): `None` on runtimes older
 /// than API 24, or when `POLYOP_ORT_NO_SHAPE_REF` is set (to test the fallback).
 ///
@@ -68,7 +96,11 @@ static SHAPE_REF: std::sync::OnceLock<Option<ShapeRefFn>> = std::sync::OnceLock:
 /// `base` is the `OrtApiBase` onnxruntime passed to `RegisterCustomOps`.
 pub unsafe fn init_shape_ref(base: &ort_sys::OrtApiBase) {
     SHAPE_REF.get_or_init(|| {
-        if std::env::var_os("POLYOP_ORT_NO_SHAPE_REF").is_some() {
+        // (asking an older runtime for API 24 would make it print an error line)
+        if std::env::var_os("POLYOP_ORT_NO_SHAPE_REF").is_some()
+            // SAFETY: as for this function.
+            || unsafe { runtime(base) }.1 < SHAPE_REF_API_VERSION
+        {
             return None;
         }
         // SAFETY: `base` is onnxruntime's own `OrtApiBase` (this function's contract);

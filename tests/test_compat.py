@@ -1,0 +1,115 @@
+"""Framework versions other than the pinned ones (issue 19): the libraries built once against
+the pinned frameworks (ci/requirements.lock) pass each framework's test file under the newest
+release too. The newest releases are pinned in ``ci/compat.lock`` (raise them there, rerun,
+record the result in docs/compat.md).
+
+Each version is installed with pip into its own directory (``.cache/compat/<pkg>-<version>``,
+git-ignored, reused when complete) and put first on ``PYTHONPATH`` for a child pytest of the
+framework's test file, which runs the same ``target/release`` library the pinned tests use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "ci" / "compat.lock"
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name.strip()] = version.strip()
+    return pins
+
+
+#: package -> (the test file it must pass, whether its dependencies come along)
+COLUMNS = {
+    # torch's CUDA dependencies are pinned exactly per release: they must come along
+    "torch": ("tests/test_torch.py", True),
+    # onnxruntime's few pure-Python dependencies are in the project venv already
+    "onnxruntime": ("tests/test_onnxruntime.py", False),
+}
+
+
+def _install(pkg: str, version: str) -> Path:
+    d = ROOT / ".cache" / "compat" / f"{pkg}-{version}"
+    done = d / ".complete"
+    if not done.exists():
+        args = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                "--upgrade", "--target", str(d), f"{pkg}=={version}"]
+        if not COLUMNS[pkg][1]:
+            args.insert(4, "--no-deps")
+        p = subprocess.run(args, capture_output=True, text=True, timeout=1500)
+        assert p.returncode == 0, p.stderr[-4000:]
+        done.write_text(version)
+    return d
+
+
+@pytest.mark.parametrize("pkg", sorted(COLUMNS))
+def test_newest_release_passes_the_framework_tests(pkg):
+    version = _pins()[pkg]
+    d = _install(pkg, version)
+    env = {**os.environ, "PYTHONPATH": str(d)}
+    env.pop("POLYOP_LIB_DIR", None)
+    got = subprocess.run([sys.executable, "-c", f"import {pkg}; print({pkg}.__version__)"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.strip().split("+")[0] == version, got.stdout  # the newest, not the pinned
+    test_file, _ = COLUMNS[pkg]
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
+                       capture_output=True, text=True, timeout=1500, env=env, cwd=ROOT)
+    tail = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+    assert p.returncode == 0 and " passed" in tail and "failed" not in tail, (
+        f"{test_file} under {pkg} {version}:\n" + p.stdout[-6000:] + p.stderr[-3000:]
+    )
+
+
+#: The newest onnxruntime whose shape-inference context crashed on an absent optional input
+#: (inside onnxruntime; 1.24 fixed it). The adapter gives such ops no shape function there.
+ORT_BEFORE_OPTIONAL_FIX = "1.23.2"
+
+
+def test_onnxruntime_1_23_survives_an_absent_optional_input():
+    d = _install("onnxruntime", ORT_BEFORE_OPTIONAL_FIX)
+    code = textwrap.dedent("""
+        import numpy as np, onnxruntime as ort, polyop
+        from onnx import helper, TensorProto as TP
+        assert ort.__version__ == VERSION, ort.__version__
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(polyop.library_path("onnxruntime"))
+        def run(node, inputs):
+            g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TP.DOUBLE, a.shape) for n, a in inputs],
+                                  [helper.make_empty_tensor_value_info("y")])  # left to shape inference
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("ai.polyop", 1)],
+                                  ir_version=9)
+            s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            return s.run(None, dict(inputs))[0]
+        x = np.linspace(-2, 3, 18).reshape(3, 6)
+        y = run(helper.make_node("RmsNorm", ["x", ""], ["y"], domain="ai.polyop"), [("x", x)])
+        ref = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6)
+        assert np.allclose(y, ref, rtol=8 * 2.0 ** -52, atol=0), (y, ref)
+        xi = np.linspace(-1, 1, 50).reshape(1, 2, 5, 5)
+        w = np.linspace(0.5, -0.5, 36).reshape(2, 2, 3, 3)
+        y = run(helper.make_node("Conv2d", ["x", "w", ""], ["y"], domain="ai.polyop"), [("x", xi), ("w", w)])
+        ref = np.zeros((1, 2, 3, 3))
+        for o in range(2):
+            for i in range(3):
+                for j in range(3):
+                    ref[0, o, i, j] = (xi[0, :, i:i + 3, j:j + 3] * w[o]).sum()
+        assert np.allclose(y, ref, rtol=0, atol=64 * 2.0 ** -52), (y, ref)
+        print("ok")
+    """).replace("VERSION", repr(ORT_BEFORE_OPTIONAL_FIX))
+    env = {**os.environ, "PYTHONPATH": str(d)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    # before the fix: "Fatal Python error: Segmentation fault" inside onnxruntime
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout[-2000:] + p.stderr[-3000:]
+    assert "requested API version" not in p.stderr, p.stderr  # no probe of a newer API table
