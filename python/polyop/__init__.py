@@ -49,4 +49,15 @@ def load(path: str):
     return open_library(path)
 
 
-__all__ = ["ops", "op_info", "infer", "infer_symbolic", "run", "load", "library_path", "__version__"]
+def load_crate(path, verbose: bool = False) -> dict:
+    """Build an op crate (or workspace) with cargo, cached by a hash of its sources like
+    ``torch.utils.cpp_extension.load``, and open its libraries: ``{framework: library}``, each
+    as :func:`load` returns it. ``verbose=True`` shows cargo's output. See
+    ``docs/packaging.md``."""
+    from ._build import load_crate as _load_crate
+
+    return _load_crate(path, verbose)
+
+
+__all__ = ["ops", "op_info", "infer", "infer_symbolic", "run", "load", "load_crate", "library_path",
+           "__version__"]

@@ -84,6 +84,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     return status
 
 
+def _setup_build(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="an op crate or workspace (its Cargo.toml)")
+    p.add_argument("--out", default="dist", help="directory for the wheel (default: dist)")
+    p.add_argument("-v", "--verbose", action="store_true", help="show cargo's output")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build an op crate's framework libraries (cached by content hash) and package them as a
+    wheel whose ``<namespace>.load()`` opens them."""
+    from ._build import build_wheel
+
+    try:
+        whl = build_wheel(args.path, args.out, verbose=args.verbose)
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(whl)
+    return 0
+
+
 #: name -> (help, setup(parser), run(args) -> exit code)
 COMMANDS = {
     "ops": ("list the registered ops and their schemas", _setup_ops, cmd_ops),
@@ -91,6 +111,7 @@ COMMANDS = {
     "libs": ("show where the framework libraries are", _setup_libs, cmd_libs),
     "check": ("check a built polyop library: framework, ops, loads here, smoke call of each op",
               _setup_check, cmd_check),
+    "build": ("build an op crate and package its libraries as a wheel", _setup_build, cmd_build),
 }
 
 
