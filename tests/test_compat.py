@@ -113,3 +113,38 @@ def test_onnxruntime_1_23_survives_an_absent_optional_input():
     # before the fix: "Fatal Python error: Segmentation fault" inside onnxruntime
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout[-2000:] + p.stderr[-3000:]
     assert "requested API version" not in p.stderr, p.stderr  # no probe of a newer API table
+
+
+#: A torch older than the libraries' stable-ABI floor: refused with both versions named.
+TORCH_TOO_OLD = "2.12.1"
+
+
+def test_torch_abi_floor_matches_the_build():
+    # polyop.torch names the floor in its refusal; the build script sets it
+    import re
+
+    build = (ROOT / "adapters" / "torch" / "build.rs").read_text()
+    m = re.search(r'"TORCH_TARGET_VERSION",\s*"0x([0-9a-f]{2})([0-9a-f]{2})', build)
+    assert m, "TORCH_TARGET_VERSION not found in adapters/torch/build.rs"
+    from polyop import torch as _pt  # noqa: F401  (the pinned torch is importable here)
+
+    assert _pt.TORCH_ABI_FLOOR == (int(m.group(1), 16), int(m.group(2), 16))
+
+
+def test_torch_older_than_the_abi_floor_is_refused_naming_both_versions():
+    d = _install("torch", TORCH_TOO_OLD)
+    code = textwrap.dedent("""
+        import torch, polyop.torch as pt
+        try:
+            pt.load()
+            print("LOADED")
+        except RuntimeError as e:
+            print("REFUSED", e)
+        assert torch.equal(torch.add(torch.tensor([1.0]), 1), torch.tensor([2.0]))  # torch still fine
+    """)
+    env = {**os.environ, "PYTHONPATH": str(d)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = p.stdout.strip().splitlines()[-1]
+    assert line.startswith("REFUSED polyop: ") and "needs torch 2.13 or newer" in line, line
+    assert f"this is torch {TORCH_TOO_OLD}" in line, line

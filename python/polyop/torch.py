@@ -86,6 +86,34 @@ def _loaded_object(path: str, ns: str, names: list[str], library: Any = None) ->
     return Loaded("torch", path, ns, handle, {n: getattr(handle, n) for n in names}, library=library)
 
 
+#: The oldest torch whose stable ABI the libraries target (``TORCH_TARGET_VERSION`` in
+#: adapters/torch/build.rs; tests/test_compat.py checks the two agree).
+TORCH_ABI_FLOOR = (2, 13)
+
+
+def _load_library(path: str) -> None:
+    """``torch.ops.load_library(path)``; a torch too old for the library's stable-ABI target
+    is refused naming both versions (torch itself says only "Could not load this library")."""
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:
+        import ctypes
+
+        try:
+            ctypes.CDLL(path)  # the dynamic loader's own reason
+            detail = str(e)
+        except OSError as le:
+            detail = str(le)
+        have = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        floor = ".".join(map(str, TORCH_ABI_FLOOR))
+        if have < TORCH_ABI_FLOOR:
+            raise RuntimeError(
+                f"polyop: {path} needs torch {floor} or newer (it is built for torch's stable ABI "
+                f"of version {floor}); this is torch {torch.__version__} ({detail})"
+            ) from None
+        raise OSError(f"polyop: cannot load {path} into torch {torch.__version__}: {detail}") from None
+
+
 def load(path: str | None = None) -> Loaded:
     """Load ``libpolyop_torch.so`` (once), register autograd and fake kernels, and return the
     library as a :class:`polyop._library.Loaded` (``handle``: ``torch.ops.polyop``; one
@@ -110,7 +138,7 @@ def _load_stock(path: str | None) -> Loaded:
         lib_path = path
         if not _library_loaded():
             lib_path = library_path()
-            torch.ops.load_library(lib_path)
+            _load_library(lib_path)
             _library.open_library(lib_path)  # raises if its ops failed to register
         infos = polyop.ops()
         for info in infos:
@@ -136,7 +164,7 @@ def _load_path(path: str) -> Loaded:
     with _lock:
         if real in _authored:
             return _authored[real]
-        torch.ops.load_library(real)
+        _load_library(real)
         lib = _library.open_library(real)
         if lib.framework != "torch":
             raise RuntimeError(f"polyop: {path} is a {lib.framework} library, not a torch one")
