@@ -347,10 +347,11 @@ def _refuse_data_dependent(name: str, src: _Src = _STOCK):
 
 def _vma(x) -> frozenset:
     """The manual mesh axes (inside ``jax.shard_map``) along which ``x`` varies."""
+    t = jax.typeof(x)
     try:
-        return frozenset(jax.typeof(x).mat.varying)
+        return frozenset(t.mat.varying)  # jax 0.10
     except AttributeError:
-        return frozenset()
+        return frozenset(getattr(t, "vma", ()))  # jax 0.9: ShapedArray.vma
 
 
 def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs, src: _Src = _STOCK):
