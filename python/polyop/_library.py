@@ -112,6 +112,17 @@ def require_framework(name: str):
 # ------------------------------------------------------------------------ what load() returns
 
 
+def namespace_of(meta: Any) -> str:
+    """The namespace errors name a library's ops with: a :class:`Library`'s ``namespace``
+    (``Registry::named`` in Rust), ``polyop`` for the stock ops (the ``polyop`` module)."""
+    return getattr(meta, "namespace", None) or "polyop"
+
+
+def op_label(meta: Any, name: str) -> str:
+    """``<namespace>.<op>``, as every error names an op (see :func:`namespace_of`)."""
+    return f"{namespace_of(meta)}.{name}"
+
+
 def axis_attrs(info: Mapping) -> tuple[str, ...]:
     """The names of op ``info``'s attributes whose declared role is ``"axis"`` (they select an
     axis of the op's first tensor input), from the schema metadata, in schema order."""

@@ -66,7 +66,7 @@ from jax import custom_batching  # noqa: E402
 import polyop  # noqa: E402
 
 from . import _shapes  # noqa: E402
-from ._library import Loaded, axis_attrs, backward_args, grads_by_input  # noqa: E402
+from ._library import Loaded, axis_attrs, backward_args, grads_by_input, namespace_of, op_label  # noqa: E402
 
 __all__ = ["load", "call", "vmap_strategy", "op_names", "export", "safety_checks"]
 
@@ -86,10 +86,10 @@ class _Src:
     def __init__(self, prefix: str, infos: dict, meta: Any, ensure):
         self.prefix, self.infos, self.meta, self.ensure = prefix, infos, meta, ensure
         #: the library's namespace, which errors name an op with (``polyop`` for the stock)
-        self.namespace = getattr(meta, "namespace", None) or "polyop"
+        self.namespace = namespace_of(meta)
 
     def label(self, name: str) -> str:
-        return f"{self.namespace}.{name}"
+        return op_label(self.meta, name)
 
 
 _STOCK = _Src("polyop_", _INFOS, polyop, lambda: load())
@@ -237,6 +237,22 @@ def _hashable_attr(name: str, op: str, v: Any, ns: str = "polyop"):
     )
 
 
+# Float equality bit for bit (so ``0.0 != -0.0`` and a NaN equals itself), for the two places
+# a float attribute is compared: polyop's function cache key (:class:`_Bits`) and what
+# ``jax.ffi.ffi_call`` gets (:class:`_FfiFloat`). Assigned as methods rather than inherited
+# from a mixin: numpy takes a scalar subclass's dtype from its first base.
+def _bitwise_eq(self, other):
+    return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
+
+
+def _bitwise_ne(self, other):
+    return not _bitwise_eq(self, other)
+
+
+def _bitwise_hash(self):
+    return hash(struct.pack("<d", self))
+
+
 class _FfiFloat(np.float64):
     """A float attribute handed to ``jax.ffi.ffi_call``: lowers like ``np.float64`` (an f64 FFI
     attribute) but compares bit for bit. JAX caches primitive executables by their parameters
@@ -244,15 +260,7 @@ class _FfiFloat(np.float64):
     ``scale(x, alpha=-0.0)`` after ``scale(x, alpha=0.0)`` reuse the ``+0.0`` executable."""
 
     __slots__ = ()
-
-    def __eq__(self, other):
-        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
-
-    def __ne__(self, other):
-        return not self.__eq__(other)
-
-    def __hash__(self):
-        return hash(struct.pack("<d", self))
+    __eq__, __ne__, __hash__ = _bitwise_eq, _bitwise_ne, _bitwise_hash
 
 
 def _ffi_attr(v):
@@ -444,11 +452,8 @@ class _Bits(float):
     reuse the function cached for ``alpha=0.0`` (``0.0 == -0.0`` and they hash alike), and a
     NaN attribute finds its own cached function."""
 
-    def __eq__(self, other):
-        return isinstance(other, float) and struct.pack("<d", self) == struct.pack("<d", other)
-
-    def __hash__(self):
-        return hash(struct.pack("<d", self))
+    __slots__ = ()
+    __eq__, __ne__, __hash__ = _bitwise_eq, _bitwise_ne, _bitwise_hash
 
 
 def _cache_key(attrs: dict) -> tuple:

@@ -36,6 +36,7 @@ naming the pip packages (:func:`polyop._library.require_framework`).
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Iterable, Sequence
 
 from ._library import require_framework
@@ -51,7 +52,7 @@ import polyop  # noqa: E402
 
 from . import _shapes  # noqa: E402
 from . import onnx as _onnx  # noqa: E402  (registers the ai.polyop OpSchemas)
-from ._library import Loaded  # noqa: E402
+from ._library import Loaded, namespace_of  # noqa: E402
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph  # noqa: E402
 from .onnx import DOMAIN, OPSET_VERSION, tensor_type  # noqa: E402,F401
 from .onnx import onnx_attr as _onnx_attr  # noqa: E402
@@ -168,12 +169,12 @@ def make_node(
     unknown = [k for k in attrs if k not in decls]
     if unknown:
         raise TypeError(
-            f"{_namespace(meta)}.{op}: unknown attribute `{unknown[0]}` (this op takes: "
+            f"{namespace_of(meta)}.{op}: unknown attribute `{unknown[0]}` (this op takes: "
             f"{', '.join(decls) or 'no attributes'})"
         )
     if len(inputs) > info["num_inputs"]:
         raise TypeError(
-            f"{_namespace(meta)}.{op}: expected at most {info['num_inputs']} input(s), got {len(inputs)}"
+            f"{namespace_of(meta)}.{op}: expected at most {info['num_inputs']} input(s), got {len(inputs)}"
         )
     node = helper.make_node(
         info["onnx_name"],
@@ -182,7 +183,7 @@ def make_node(
         name=name,
         domain=domain,
     )
-    node.attribute.extend(_onnx_attr(op, decls[k], v, _namespace(meta)) for k, v in attrs.items())
+    node.attribute.extend(_onnx_attr(op, decls[k], v, namespace_of(meta)) for k, v in attrs.items())
     return node
 
 
@@ -249,24 +250,14 @@ def make_model(
     )
 
 
-def _subgraphs(node: onnx.NodeProto):
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            yield a.g
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            yield from a.graphs
-
-
-def _nodes(graph: onnx.GraphProto):
-    for n in graph.node:
+def _nodes(nodes):
+    """``nodes`` and every node of their subgraphs (If/Loop/Scan bodies), depth first."""
+    for n in nodes:
         yield n
-        for g in _subgraphs(n):
-            yield from _nodes(g)
-
-
-def _namespace(meta) -> str:
-    """The namespace a library's errors name its ops with (``polyop`` for the stock one)."""
-    return getattr(meta, "namespace", None) or "polyop"
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                      a.graphs if a.type == onnx.AttributeProto.GRAPHS else []):
+                yield from _nodes(g.node)
 
 
 def check_model(model: onnx.ModelProto | bytes, library: str | None = None) -> None:
@@ -283,20 +274,14 @@ def check_model(model: onnx.ModelProto | bytes, library: str | None = None) -> N
         model = onnx.load_from_string(bytes(model))
     _, domain, meta = _lib(library)
     by_type = {o["onnx_name"]: o for o in meta.ops() if not o["flags"]["inplace"]}
-    nodes = list(_nodes(model.graph))
-    for f in model.functions:
-        for n in f.node:
-            nodes.append(n)
-            for g in _subgraphs(n):
-                nodes.extend(_nodes(g))
-    for n in nodes:
+    for n in itertools.chain(_nodes(model.graph.node), *(_nodes(f.node) for f in model.functions)):
         if n.domain != domain:
             continue
         where = f'node "{n.name}" ({domain}::{n.op_type})' if n.name else f"{domain}::{n.op_type} node"
         info = by_type.get(n.op_type)
         if info is None:
             raise InvalidGraph(
-                f"{_namespace(meta)}: {where}: "
+                f"{namespace_of(meta)}: {where}: "
                 f"no op {n.op_type!r} in domain {domain} (it has: {', '.join(sorted(by_type))})"
             )
         known = [a["name"] for a in info["attrs"]]
@@ -304,7 +289,7 @@ def check_model(model: onnx.ModelProto | bytes, library: str | None = None) -> N
             if a.name not in known:
                 takes = ", ".join(known) if known else "no attributes"
                 raise InvalidGraph(
-                    f"{_namespace(meta)}.{info['name']}: {where}: unknown attribute `{a.name}` "
+                    f"{namespace_of(meta)}.{info['name']}: {where}: unknown attribute `{a.name}` "
                     f"(this op takes: {takes})"
                 )
 

@@ -40,7 +40,7 @@ import tensorflow as tf  # noqa: E402
 
 import polyop  # noqa: E402
 
-from ._library import Loaded, backward_args, grads_by_input  # noqa: E402
+from ._library import Loaded, backward_args, grads_by_input, op_label  # noqa: E402
 
 __all__ = ["load", "op_type"]
 
@@ -93,14 +93,9 @@ def _in_xla_compile() -> bool:
         return False
 
 
-def _label(meta: Any, name: str) -> str:
-    """``<namespace>.<op>``, as errors name an op (``polyop.<op>`` for the stock ones)."""
-    return f"{getattr(meta, 'namespace', None) or 'polyop'}.{name}"
-
-
 def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyop):
     name = info["name"]
-    label = _label(meta, name)
+    label = op_label(meta, name)
     inputs = info["inputs"]
     attr_names = {a["name"] for a in info["attrs"]}
     raw_fn = _raw_fn(raw, info, prefix)
@@ -237,7 +232,7 @@ def _register_no_gradient(info: dict, prefix: str = STOCK_PREFIX, meta: Any = po
         return
 
     def grad(op, *grads):
-        raise LookupError(f"{_label(meta, name)}: this op has no gradient (it declares no backward op)")
+        raise LookupError(f"{op_label(meta, name)}: this op has no gradient (it declares no backward op)")
 
     grad.__name__ = f"_polyop_{name}_no_grad"
     _register(tf_type, grad)

@@ -54,7 +54,7 @@ import torch  # noqa: E402
 import polyop  # noqa: E402
 
 from . import _library, _shapes  # noqa: E402
-from ._library import Loaded, backward_args, grads_by_input  # noqa: E402
+from ._library import Loaded, backward_args, grads_by_input, op_label  # noqa: E402
 
 __all__ = ["load", "ops", "library_path", "onnx_translation_table", "register_onnx_symbolics"]
 
@@ -304,7 +304,7 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
     symbolic size to a constant (torch.compile(dynamic=True) recompiling per size,
     torch.export refusing ``Dim``s)."""
     name = info["name"]
-    label = f"{getattr(meta, 'namespace', None) or 'polyop'}.{name}"
+    label = op_label(meta, name)
     inplace = info["flags"]["inplace"]
     data_dependent = info["flags"]["data_dependent_shape"]
     _, tensor_pos, attr_pos = _arg_layout(info, ns)

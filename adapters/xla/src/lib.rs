@@ -42,22 +42,29 @@ pub const MAX_OPS: usize = 128;
 /// An XLA typed-FFI handler, as XLA calls it.
 pub type Handler = unsafe extern "C" fn(*mut sys::XLA_FFI_CallFrame) -> *mut sys::XLA_FFI_Error;
 
-/// The op at `index` of `registry` if it is exported to XLA (in-place ops are torch-only)
-/// and has a slot in the handler table.
+/// Whether the op at position `index` of its registry has an XLA handler: in-place ops are
+/// torch-only, and the handler table has [`MAX_OPS`] slots.
+fn is_exported(index: usize, op: &kernel_core::OpDef) -> bool {
+    index < MAX_OPS && !op.flags.inplace
+}
+
+/// The position of op `name` in `registry` if it is exported to XLA (see [`is_exported`]).
 pub fn exported_index(registry: &Registry, name: &str) -> Option<usize> {
     registry
         .ops()
-        .position(|o| o.name == name)
-        .filter(|&i| i < MAX_OPS && !registry.ops().nth(i).is_some_and(|o| o.flags.inplace))
+        .enumerate()
+        .find(|(_, o)| o.name == name)
+        .filter(|&(i, o)| is_exported(i, o))
+        .map(|(i, _)| i)
 }
 
 /// The names of the ops of `registry` that [`export!`] exports to XLA, in registry order.
 pub fn exported_names(registry: &Registry) -> Vec<&'static str> {
     registry
         .ops()
-        .take(MAX_OPS)
-        .filter(|o| !o.flags.inplace)
-        .map(|o| o.name)
+        .enumerate()
+        .filter(|&(i, o)| is_exported(i, o))
+        .map(|(_, o)| o.name)
         .collect()
 }
 

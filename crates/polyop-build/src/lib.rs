@@ -62,14 +62,6 @@ pub fn pythons() -> Vec<Python> {
     out
 }
 
-/// The first candidate interpreter that exists (see [`pythons`]).
-pub fn python() -> Option<PathBuf> {
-    pythons()
-        .into_iter()
-        .map(|p| p.path)
-        .find(|p| p.components().count() == 1 || p.exists())
-}
-
 fn find_in(py: &Python, module: &str) -> Result<PathBuf, String> {
     let code = format!(
         "import importlib.util as u; s = u.find_spec('{module}'); \

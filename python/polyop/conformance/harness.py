@@ -27,6 +27,7 @@ import numpy as np
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
+from .._library import namespace_of
 from .tolerances import DEFAULT_ULPS, rtol_atol, tolerance as _op_tolerance
 
 #: (rtol, atol) per output dtype for an op with no entry in ``tolerances.txt`` and no
@@ -574,7 +575,7 @@ def _run_one(backend, mode, case, expected, base_out, base_name) -> Result:
             alts = (case.expect_error,) if isinstance(case.expect_error, str) else tuple(case.expect_error)
             if not any(a in msg for a in alts):
                 r.detail = f"error message lacks {case.expect_error!r}: {_short(exc)}"
-            elif not _op_named(case.op, msg, getattr(getattr(backend, "meta", None), "namespace", None) or "polyop"):
+            elif not _op_named(case.op, msg, namespace_of(getattr(backend, "meta", None))):
                 r.detail = f"error message does not name the op: {_short(exc)}"
             else:
                 r.status, r.detail = "pass", _short(exc, 200)
