@@ -21,17 +21,18 @@
 use crate::call::{create_kernel_v2, kernel_compute_v2, kernel_destroy};
 use crate::shape::infer_output_shape;
 use crate::sys::{Api, API_VERSION};
-
-/// The first C API version (onnxruntime 1.24) whose shape-inference context survives an
-/// absent optional input.
-const SAFE_OPTIONAL_INFER_API: u32 = 24;
 use crate::tensor::onnx_from_dtype;
 use kernel_core::{ArgType, DType, OpDef, TypeRule};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtCustomOp, OrtCustomOpInputOutputCharacteristic as Ch,
     OrtMemType,
 };
+
 use std::ffi::{c_char, c_int, CString};
+
+/// The first C API version (onnxruntime 1.24) whose shape-inference context survives an
+/// absent optional input.
+const SAFE_OPTIONAL_INFER_API: u32 = 24;
 
 /// An `OrtCustomOp` with the polyop op it stands for. `#[repr(C)]` with `base` first, so the
 /// `*const OrtCustomOp` ONNX Runtime hands back can be cast to `*const PolyOp`.
