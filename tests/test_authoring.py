@@ -150,6 +150,29 @@ def test_torch_author_lib_next_to_stock(example_libs):
     assert p.returncode == 0 and "OK" in p.stdout, p.stderr[-3000:]
 
 
+def test_torch_author_lib_after_stock_loaded_rtld_global(example_libs):
+    """Both torch libraries carry the adapter's cxx entry symbol under one name. With the stock
+    library loaded RTLD_GLOBAL first, the author's library must still reach its own entry point
+    (-Wl,-Bsymbolic; registration checks it): its ops and the stock ops both give the right
+    answers, against torch's own ops."""
+    p = _py(f"""
+        import ctypes, os, torch
+        ctypes.CDLL({_stock('torch')!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        torch.ops.load_library({example_libs['torch']!r})
+        x = torch.randn(3, 4, dtype=torch.float64); g = torch.randn(3, 4, dtype=torch.float64)
+        torch.testing.assert_close(torch.ops.swiglu_ops.swiglu(x, g), x * torch.nn.functional.silu(g),
+                                   rtol=1e-14, atol=0)
+        torch.testing.assert_close(torch.ops.polyop.negate(x), -x, rtol=0, atol=0)
+        try:
+            torch.ops.swiglu_ops.swiglu(x, torch.randn(3, 5, dtype=torch.float64))
+            raise SystemExit("no error")
+        except RuntimeError as e:
+            assert "swiglu_ops.swiglu: shape mismatch" in str(e), e
+        print("OK")
+    """)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+
+
 def test_tensorflow_author_lib_next_to_stock(example_libs):
     p = _py(f"""
         import numpy as np, tensorflow as tf, polyop.tensorflow as ptf

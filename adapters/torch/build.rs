@@ -1,5 +1,5 @@
 //! Finds the PyTorch wheel (its headers and `libtorch_cpu.so`), compiles the thin C++
-//! trampoline layer (`cxx/trampoline.cpp`) and links against the wheel without an absolute
+//! trampoline layer (`cxx/trampoline.cpp`) with its `cxx` bridge (`src/sys.rs`) and links against the wheel without an absolute
 //! RUNPATH, so the library can be moved: `torch.ops.load_library(path)` after `import torch`
 //! works with nothing else set.
 //!
@@ -9,7 +9,9 @@
 use std::path::Path;
 
 fn main() {
-    println!("cargo:rerun-if-changed=cxx/trampoline.cpp");
+    for f in ["cxx/trampoline.cpp", "cxx/trampoline.h", "src/sys.rs"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
     println!("cargo:rerun-if-changed=build.rs");
 
     let torch = polyop_build::package_dir("torch", "POLYOP_TORCH_DIR")
@@ -29,8 +31,8 @@ fn main() {
         }
     }
 
-    cc::Build::new()
-        .cpp(true)
+    // The cxx bridge (src/sys.rs) and the trampoline layer it declares, in one static library.
+    cxx_build::bridge("src/sys.rs")
         .std("c++17")
         .file("cxx/trampoline.cpp")
         .include(&include)
@@ -47,4 +49,8 @@ fn main() {
     // libtorch_cpu.so torch already loaded (same soname). The one relative entry finds torch's
     // libraries from a wheel layout (site-packages/polyop/lib/ -> site-packages/torch/lib).
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../../torch/lib");
+    // References inside the library bind to its own definitions: the bridge's entry symbol has
+    // the same name in every polyop-built torch library, and one loaded earlier with
+    // RTLD_GLOBAL must not take this one's calls (checked at registration too).
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
 }

@@ -1,26 +1,30 @@
-//! Error sink: the boxed entry point turns a polyop error (or a caught panic) into a message
-//! the C++ layer throws as `std::runtime_error`, which torch surfaces as `RuntimeError`.
+//! Error sink: the boxed entry point turns a polyop error (or a caught panic) into an `Err`
+//! the `cxx` bridge throws as a C++ exception, which torch surfaces as `RuntimeError`.
 
 use crate::call;
 use crate::register::SLOTS;
-use crate::sys as ffi;
+use crate::sys;
 use kernel_core::{catch_panic, Error};
-use std::ffi::{c_char, CString};
 
-/// The boxed entry point every trampoline calls (through a function pointer handed to the C++
-/// layer, not an exported symbol, so several polyop libraries can live in one process). Never unwinds: returns null on success or an
-/// error message (released by [`polyop_torch_free_error`]) that the C++ side throws as
-/// `std::runtime_error`, which torch surfaces as Python's `RuntimeError`.
+/// The boxed entry point every trampoline calls (through the `cxx` bridge, [`sys::bridge`]).
+/// Never unwinds: a polyop error or a caught panic comes back as `Err(message)`, which the
+/// bridge throws as `rust::Error` (a `std::exception`) and torch surfaces as Python's
+/// `RuntimeError`. A probe call ([`sys::PROBE_SLOT`]) writes this library's identity instead.
 ///
 /// # Safety
 /// Called by torch's boxed-kernel machinery with a stack of `max(num_args, num_outputs)`
-/// StableIValues.
-pub unsafe extern "C" fn polyop_torch_boxed_call(
+/// StableIValues (or, for a probe, one writable `u64`).
+pub(crate) unsafe fn boxed_call(
     slot: u32,
-    stack: *mut ffi::StableIValue,
+    stack: *mut sys::StableIValue,
     num_args: u64,
     num_outputs: u64,
-) -> *mut c_char {
+) -> Result<(), String> {
+    if slot == sys::PROBE_SLOT {
+        // SAFETY: a probe passes one writable u64 (this function's contract).
+        unsafe { *stack = library_identity() };
+        return Ok(());
+    }
     let op = {
         let slots = SLOTS.read().unwrap_or_else(|e| e.into_inner());
         slots.get(slot as usize).copied()
@@ -33,22 +37,12 @@ pub unsafe extern "C" fn polyop_torch_boxed_call(
         }),
         None => Err(Error::internal(format!("no op registered in slot {slot}"))),
     };
-    match result {
-        Ok(()) => std::ptr::null_mut(),
-        Err(e) => {
-            let msg = e.to_string().replace('\0', "\\0");
-            CString::new(msg).unwrap_or_default().into_raw()
-        }
-    }
+    // A C++ exception's what() ends at the first NUL.
+    result.map_err(|e| e.to_string().replace('\0', "\\0"))
 }
 
-/// Release an error message returned by [`polyop_torch_boxed_call`].
-///
-/// # Safety
-/// `msg` must come from `polyop_torch_boxed_call` and be released once.
-pub unsafe extern "C" fn polyop_torch_free_error(msg: *mut c_char) {
-    if !msg.is_null() {
-        // SAFETY: allocated by CString::into_raw above.
-        drop(unsafe { CString::from_raw(msg) });
-    }
+/// What a probe writes: the address of this library's slot table, different in every library
+/// that links the adapter.
+pub(crate) fn library_identity() -> u64 {
+    &SLOTS as *const _ as u64
 }

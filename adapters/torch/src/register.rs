@@ -3,7 +3,7 @@
 //! trampoline slots (`cxx/trampoline.cpp`).
 
 use crate::call;
-use crate::error::{polyop_torch_boxed_call, polyop_torch_free_error};
+use crate::error::library_identity;
 use crate::sys as ffi;
 use kernel_core::Registry;
 use std::ffi::CString;
@@ -40,6 +40,25 @@ fn ok(rc: i32, what: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
+/// Check that the trampolines of this library reach its own Rust entry point. The bridge's
+/// entry symbol has the same name in every library built with this adapter; a library loaded
+/// with `RTLD_GLOBAL` before this one would otherwise take this library's calls (the stock
+/// library and polyop-built libraries link with `-Wl,-Bsymbolic`, which prevents that).
+fn check_own_entry_point() -> Result<(), String> {
+    let mut token = 0u64;
+    // SAFETY: `probe` writes one u64 through the pointer, a writable local.
+    unsafe { ffi::bridge::probe(&mut token) };
+    if token == library_identity() {
+        return Ok(());
+    }
+    Err(
+        "this library's torch kernels resolve to another polyop library's entry point \
+         (one loaded earlier with RTLD_GLOBAL); link the library with `-Wl,-Bsymbolic` \
+         (docs/authoring.md)"
+            .into(),
+    )
+}
+
 /// Register every op of `registry` as `<ns>::<op.name>` with CPU and Meta kernels.
 ///
 /// Torch keeps the library objects alive for the life of the process (they are leaked on
@@ -51,90 +70,57 @@ pub fn register_registry(
 ) -> Result<Registered, String> {
     let ns_c = cstr(ns)?;
     let file = cstr(file!())?;
-    let (mut def_lib, mut cpu_lib, mut meta_lib) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
-    let cpu = cstr("CPU")?;
-    let meta = cstr("Meta")?;
-    // SAFETY: plain C calls with valid NUL-terminated strings and out-parameters.
-    unsafe {
-        match kind {
-            Namespace::Def => ok(
-                ffi::aoti_torch_library_init_def(
-                    ns_c.as_ptr(),
-                    file.as_ptr(),
-                    line!(),
-                    &mut def_lib,
-                ),
-                || format!("defining torch library namespace `{ns}`"),
-            )?,
-            Namespace::Fragment => ok(
-                ffi::aoti_torch_library_init_fragment(
-                    ns_c.as_ptr(),
-                    file.as_ptr(),
-                    line!(),
-                    &mut def_lib,
-                ),
-                || format!("opening torch library fragment `{ns}`"),
-            )?,
-        }
-        ok(
-            ffi::aoti_torch_library_init_impl(
-                ns_c.as_ptr(),
-                cpu.as_ptr(),
-                file.as_ptr(),
-                line!(),
-                &mut cpu_lib,
-            ),
-            || format!("opening `{ns}` CPU impl library"),
-        )?;
-        ok(
-            ffi::aoti_torch_library_init_impl(
-                ns_c.as_ptr(),
-                meta.as_ptr(),
-                file.as_ptr(),
-                line!(),
-                &mut meta_lib,
-            ),
-            || format!("opening `{ns}` Meta impl library"),
-        )?;
-    }
-    // SAFETY: stores two function pointers in this library's C++ layer.
-    unsafe { ffi::polyop_torch_set_entry(polyop_torch_boxed_call, polyop_torch_free_error) };
-    // SAFETY: constant getters.
-    let (num_slots, version) = unsafe {
-        (
-            ffi::polyop_torch_num_slots(),
-            ffi::polyop_torch_build_version(),
-        )
+    let mut def_lib = std::ptr::null_mut();
+    let init = match kind {
+        Namespace::Def => ffi::aoti_torch_library_init_def,
+        Namespace::Fragment => ffi::aoti_torch_library_init_fragment,
     };
+    ok(
+        // SAFETY: plain C calls with NUL-terminated strings alive across them and an
+        // out-parameter.
+        unsafe { init(ns_c.as_ptr(), file.as_ptr(), line!(), &mut def_lib) },
+        || format!("opening torch library namespace `{ns}` ({kind:?})"),
+    )?;
+    let mut impl_libs = Vec::new();
+    for key in ["CPU", "Meta"] {
+        let (key_c, mut lib) = (cstr(key)?, std::ptr::null_mut());
+        ok(
+            // SAFETY: as above.
+            unsafe {
+                ffi::aoti_torch_library_init_impl(
+                    ns_c.as_ptr(),
+                    key_c.as_ptr(),
+                    file.as_ptr(),
+                    line!(),
+                    &mut lib,
+                )
+            },
+            || format!("opening `{ns}` {key} impl library"),
+        )?;
+        impl_libs.push((lib, key));
+    }
+    check_own_entry_point()?;
+    let num_slots = ffi::bridge::num_slots();
     let mut done = Vec::new();
     for op in registry.ops() {
         let schema = cstr(&op.schema.to_string())?;
-        let name = cstr(op.name)?;
         let mut tags = Vec::new();
         if op.flags.data_dependent_shape {
             // SAFETY: constant getter.
             tags.push(unsafe { ffi::torch_tag_dynamic_output_shape() });
         }
-        // SAFETY: valid library handle and strings.
-        unsafe {
-            ok(
-                if tags.is_empty() {
-                    ffi::aoti_torch_library_def(def_lib, schema.as_ptr())
-                } else {
-                    ffi::torch_library_def_with_tags(
-                        def_lib,
-                        schema.as_ptr(),
-                        tags.as_ptr(),
-                        tags.len() as i32,
-                    )
-                },
-                || format!("defining `{ns}::{}`", op.schema),
-            )?;
-        }
+        ok(
+            // SAFETY: valid library handle and strings; `tags` holds `tags.len()` tags.
+            unsafe {
+                ffi::torch_library_def_with_tags(
+                    def_lib,
+                    schema.as_ptr(),
+                    tags.as_ptr(),
+                    tags.len() as i32,
+                )
+            },
+            || format!("defining `{ns}::{}`", op.schema),
+        )?;
         let slot = {
             let mut slots = SLOTS.write().unwrap_or_else(|e| e.into_inner());
             if slots.len() as u32 >= num_slots {
@@ -146,16 +132,11 @@ pub fn register_registry(
             slots.push(Box::leak(Box::new(call::OpState::new(op))));
             (slots.len() - 1) as u32
         };
-        // SAFETY: slot < num_slots.
-        let f = unsafe { ffi::polyop_torch_slot(slot) }
-            .ok_or_else(|| format!("no trampoline for slot {slot}"))?;
-        for (lib, key) in [(cpu_lib, "CPU"), (meta_lib, "Meta")] {
-            ok(
-                // SAFETY: `lib` is a live library handle created above, `name` a NUL-terminated
-                // string alive across the call, `f` the trampoline of this op's slot.
-                unsafe { ffi::torch_library_impl(lib, name.as_ptr(), Some(f), version) },
-                || format!("registering the {key} kernel of `{ns}::{}`", op.name),
-            )?;
+        for &(lib, key) in &impl_libs {
+            // SAFETY: `lib` is a live impl library handle opened above (the bridge's opaque
+            // type is the same C++ `TorchLibraryOpaque`); `slot` is this op's.
+            unsafe { ffi::bridge::impl_slot(lib.cast(), op.name, slot) }
+                .map_err(|e| format!("registering the {key} kernel of `{ns}::{}`: {e}", op.name))?;
         }
         done.push(op.name);
     }

@@ -1,11 +1,8 @@
 //! The libtorch stable C ABI (`torch/csrc/inductor/aoti_torch/c/shim.h` and
 //! `torch/csrc/stable/c/shim.h`) that the adapter uses. The declarations are bindgen output,
 //! committed in `sys/bindings.rs` and regenerated with `scripts/bindgen.conf` (`crates/polyop-build/scripts/regen-bindings.sh`); this file
-//! keeps the hand-written rest: `SUCCESS`, the two calls taking non-null callbacks, the C++
-//! trampoline layer (`cxx/trampoline.cpp`) and `last_error`. Symbols resolve from
-//! `libtorch_cpu.so`.
-
-use std::ffi::c_char;
+//! keeps the rest: `SUCCESS`, the `cxx` bridge to the C++ trampoline layer
+//! (`cxx/trampoline.cpp`) and `last_error`. Symbols resolve from `libtorch_cpu.so`.
 
 #[allow(
     non_upper_case_globals,
@@ -18,22 +15,37 @@ use std::ffi::c_char;
 mod bindings;
 pub use bindings::*;
 
-/// The boxed kernel `torch_library_impl` takes (unnamed in the headers), non-null.
-pub type BoxedFn = unsafe extern "C" fn(*mut StableIValue, u64, u64);
-
 /// `AOTITorchError` of a successful call (the `AOTI_TORCH_SUCCESS` macro; bindgen types it u32).
 pub const SUCCESS: AOTITorchError = AOTI_TORCH_SUCCESS as AOTITorchError;
 
-// The C++ trampoline layer (cxx/trampoline.cpp).
-extern "C" {
-    pub fn polyop_torch_set_entry(
-        call: unsafe extern "C" fn(u32, *mut StableIValue, u64, u64) -> *mut c_char,
-        free_error: unsafe extern "C" fn(*mut c_char),
-    );
-    pub fn polyop_torch_num_slots() -> u32;
-    pub fn polyop_torch_slot(i: u32) -> Option<BoxedFn>;
-    pub fn polyop_torch_build_version() -> u64;
+/// The slot number of a probe call (`cxx/trampoline.cpp` passes `UINT32_MAX`), never a real
+/// slot.
+pub const PROBE_SLOT: u32 = u32::MAX;
+
+/// The C++ layer (`cxx/trampoline.cpp`), crossed with `cxx`: torch calls a trampoline, the
+/// trampoline calls [`crate::error::boxed_call`], and an `Err` it returns is thrown as
+/// `rust::Error` (a `std::exception` with polyop's message) for torch to report.
+#[cxx::bridge(namespace = "polyop_torch")]
+pub mod bridge {
+    extern "Rust" {
+        unsafe fn boxed_call(
+            slot: u32,
+            stack: *mut u64,
+            num_args: u64,
+            num_outputs: u64,
+        ) -> Result<()>;
+    }
+    unsafe extern "C++" {
+        include!("polyop-torch/cxx/trampoline.h");
+        #[namespace = ""]
+        type TorchLibraryOpaque;
+        fn num_slots() -> u32;
+        unsafe fn impl_slot(lib: *mut TorchLibraryOpaque, name: &str, slot: u32) -> Result<()>;
+        unsafe fn probe(token: *mut u64);
+    }
 }
+
+use crate::error::boxed_call;
 
 /// The message of the exception behind the last failed shim call on this thread.
 pub fn last_error() -> String {
