@@ -3,10 +3,17 @@
 //! prints are link arguments, which cargo applies only to the package that printed them.
 fn main() {
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
-    if let Err(e) = pkg_config::Config::new()
-        .cargo_metadata(true)
-        .probe("tensorflow")
+    // relink when build.sh points the file at another TensorFlow
+    for dir in std::env::var("PKG_CONFIG_PATH")
+        .unwrap_or_default()
+        .split(':')
     {
+        let pc = std::path::Path::new(dir).join("tensorflow.pc");
+        if pc.is_file() {
+            println!("cargo:rerun-if-changed={}", pc.display());
+        }
+    }
+    if let Err(e) = pkg_config::Config::new().probe("tensorflow") {
         panic!("no tensorflow.pc: build with examples/rust_tf/build.sh ({e})");
     }
 }

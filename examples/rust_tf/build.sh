@@ -17,15 +17,18 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PY=${1:-${PYTHON:-python3}}
 shift || true
 
-TFDIR=$("$PY" -c 'import os, tensorflow as tf; print(os.path.dirname(tf.__file__))' 2>/dev/null |
-    tail -n1)
+# where the tensorflow package is and which distribution version, without importing it (slow)
+read -r TFVER TFDIR < <("$PY" -c '
+import importlib.metadata as md, importlib.util as u
+s = u.find_spec("tensorflow")
+d = md.packages_distributions().get("tensorflow", [])
+print(md.version(d[0]) if d else "0", s.submodule_search_locations[0] if s else "-")' || true)
 for f in libtensorflow_cc.so.2 libtensorflow_framework.so.2; do
-    if [ ! -f "$TFDIR/$f" ]; then
-        echo "build.sh: no $f in '$TFDIR' (is tensorflow installed for $PY?)" >&2
+    if [ ! -f "${TFDIR:-}/$f" ]; then
+        echo "build.sh: no $f in '${TFDIR:-}' (is tensorflow installed for $PY?)" >&2
         exit 1
     fi
 done
-TFVER=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null | tail -n1)
 
 TARGET=${CARGO_TARGET_DIR:-$HERE/target}
 mkdir -p "$TARGET/pkgconfig"
