@@ -77,26 +77,17 @@ fn build(spec: &Value) -> Result<(Graph, HashMap<String, Operation>)> {
     for node in spec["nodes"].as_array().context("spec: nodes")? {
         let name = node["name"].as_str().context("spec: node name")?;
         let op_type = node["op"].as_str().context("spec: node op")?;
-        let mut inputs = Vec::new();
-        for input in node["inputs"].as_array().context("spec: node inputs")? {
-            inputs.push(match input {
-                Value::String(s) => vec![output(&ops, s)?],
-                Value::Array(list) => list
-                    .iter()
-                    .map(|s| output(&ops, s.as_str().context("spec: list input")?))
-                    .collect::<Result<_>>()?,
-                _ => bail!("spec: {name}: an input is a name or a list of names"),
-            });
-        }
         let mut d = graph.new_operation(op_type, name)?;
-        for (input, list) in inputs
-            .iter()
-            .zip(node["inputs"].as_array().into_iter().flatten())
-        {
-            if list.is_array() {
-                d.add_input_list(input);
-            } else {
-                d.add_input(input[0].clone());
+        for input in node["inputs"].as_array().context("spec: node inputs")? {
+            match input {
+                Value::String(s) => d.add_input(output(&ops, s)?),
+                Value::Array(list) => d.add_input_list(
+                    &list
+                        .iter()
+                        .map(|s| output(&ops, s.as_str().context("spec: list input")?))
+                        .collect::<Result<Vec<_>>>()?,
+                ),
+                _ => bail!("spec: {name}: an input is a name or a list of names"),
             }
         }
         d.set_attr_type("T", DataType::Float)?;
@@ -104,10 +95,11 @@ fn build(spec: &Value) -> Result<(Graph, HashMap<String, Operation>)> {
             match v {
                 Value::Bool(b) => d.set_attr_bool(attr, *b)?,
                 Value::String(s) => d.set_attr_string(attr, s)?,
-                Value::Number(x) if x.is_f64() => {
-                    d.set_attr_float(attr, x.as_f64().unwrap() as f32)?
-                }
-                Value::Number(x) => d.set_attr_int(attr, x.as_i64().context("spec: int attr")?)?,
+                Value::Number(x) => match (x.as_i64(), x.as_f64()) {
+                    (Some(i), _) => d.set_attr_int(attr, i)?,
+                    (None, Some(f)) => d.set_attr_float(attr, f as f32)?,
+                    _ => bail!("spec: {name}.{attr}: {x} is out of range"),
+                },
                 _ => bail!("spec: {name}.{attr}: unsupported attribute value {v}"),
             }
         }
