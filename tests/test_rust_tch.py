@@ -58,10 +58,11 @@ class Spec:
         return d
 
 
-def _run(program: Path, tmp: Path, spec: dict) -> dict:
+def _run(program: Path, tmp: Path, spec: dict, library: str | None = None) -> dict:
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
-    p = subprocess.run([str(program), polyop.library_path("torch"), str(tmp / "spec.json")],
+    library = library or polyop.library_path("torch")
+    p = subprocess.run([str(program), library, str(tmp / "spec.json")],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -350,3 +351,36 @@ def test_training_a_small_model_in_rust(program, tmp_path):
     # each loss is a float32 evaluation (a few ulps per op, ~6 ulps seen) at parameters within
     # the bound above
     np.testing.assert_allclose(losses, ref_losses, rtol=64 * F32_ULP, atol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# an author's library: the crate names no op, so examples/swiglu's torch library works the same
+
+
+def test_an_authors_library(program, tmp_path):
+    swiglu = ROOT / "examples" / "swiglu"
+    env = dict(os.environ, POLYOP_PYTHON=os.environ.get("POLYOP_PYTHON", sys.executable))
+    p = subprocess.run(["cargo", "build", "--release", "--manifest-path", str(swiglu / "Cargo.toml"),
+                        "-p", "swiglu-torch"], capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lib = swiglu / "target" / "release" / "libswiglu_torch.so"
+    rng = np.random.default_rng(2)
+    x, g, dy = (rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3))
+    sp = Spec(tmp_path)
+    calls = [{"op": "swiglu", "inputs": [sp.t(x), sp.t(g)], "attrs": {}, "grads": [sp.t(dy)]},
+             {"op": "swiglu", "inputs": [sp.t(x), sp.t(g[:, :4])], "attrs": {}}]
+    got = _run(program, tmp_path, {"calls": calls}, str(lib))
+    assert got["namespace"] == "swiglu_ops"
+
+    def ref(x, g):  # x * silu(g)
+        return x * g / (1 + np.exp(-g))
+
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    want = ref(x64, g64)
+    out = _arr(got["calls"][0]["outputs"][0])
+    assert np.all(np.abs(out - want) <= 16 * F32_ULP * (np.abs(want) + np.abs(x64)) + 2.0**-126)
+    fd = _fd_grads(ref, [x64, g64], [dy.astype(np.float64)])
+    for gi, fi in zip(got["calls"][0]["input_grads"], fd):
+        np.testing.assert_allclose(_arr(gi), fi, rtol=0, atol=16 * F32_ULP * max(1.0, np.abs(fi).max()))
+    err = got["calls"][1]["error"]
+    assert err.startswith("swiglu_ops.swiglu: shape mismatch"), err  # the author's namespace

@@ -510,7 +510,14 @@ impl Library {
                         path.display()
                     ))
                 })?;
-            CStr::from_ptr(f()).to_string_lossy().into_owned()
+            let p = f();
+            if p.is_null() {
+                return Err(Error(format!(
+                    "polyop: {}: no library info",
+                    path.display()
+                )));
+            }
+            CStr::from_ptr(p).to_string_lossy().into_owned()
         };
         let info: Value =
             serde_json::from_str(&info).map_err(|e| Error(format!("polyop_library_info: {e}")))?;
@@ -602,7 +609,13 @@ impl Library {
                         v.kind()
                     ))
                 })?,
-                ([], Some(d)) => d.coerce(*ty).expect("a default of the attribute's type"),
+                ([], Some(d)) => d.coerce(*ty).ok_or_else(|| {
+                    err(format!(
+                        "the default of attribute '{}' is not a {}",
+                        a.name,
+                        type_name(*ty)
+                    ))
+                })?,
                 ([], None) => return Err(err(format!("missing required attribute '{}'", a.name))),
                 _ => return Err(err(format!("attribute '{}' given more than once", a.name))),
             };
@@ -749,20 +762,36 @@ impl Library {
             .filter(|a| !matches!(a.kind, ArgKind::Attr { .. }))
             .count();
         let input = |i: usize| inputs.get(i).copied().flatten();
-        let zeros: Vec<Tensor> = (0..outputs.len())
-            .map(|i| match grads.get(i).copied().flatten() {
-                Some(_) => Tensor::new(),
-                None => outputs[i].zeros_like(),
+        if outputs.len() != op.num_outputs {
+            return Err(err(format!(
+                "backward needs the op's {} outputs, got {}",
+                op.num_outputs,
+                outputs.len()
+            )));
+        }
+        let entries: Vec<(&str, usize)> = bwd["inputs"]
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|e| Some((e[0].as_str()?, e[1].as_u64()? as usize)))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        // zeros for the output gradients the backward op takes but the caller left out
+        let zeros: Vec<Option<Tensor>> = (0..outputs.len())
+            .map(|i| {
+                let wanted = entries.contains(&("grad", i));
+                (wanted && grads.get(i).copied().flatten().is_none())
+                    .then(|| outputs[i].zeros_like())
             })
             .collect();
         let mut args: Vec<Option<&Tensor>> = Vec::new();
-        for e in bwd["inputs"].as_array().ok_or_else(bad)? {
-            let (kind, i) = (
-                e[0].as_str().ok_or_else(bad)?,
-                e[1].as_u64().ok_or_else(bad)? as usize,
-            );
+        for &(kind, i) in &entries {
             args.push(match kind {
-                "grad" => Some(grads.get(i).copied().flatten().unwrap_or(&zeros[i])),
+                "grad" => grads
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .or(zeros.get(i).and_then(Option::as_ref)),
                 "input" => input(i),
                 "output" => Some(
                     outputs
