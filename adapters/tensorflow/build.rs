@@ -2,20 +2,13 @@
 //! `TF_NewKernelBuilder`, `TF_AllocateOutput`, ... live in the pip wheel) and links it without an
 //! absolute RUNPATH, so the library can be moved and `tf.load_op_library` after
 //! `import tensorflow` needs nothing else (located by `polyop_build::package_dir`).
-//! Also generates the per-op trampolines (C callbacks carry no user data, so each op slot gets its
-//! own monomorphised `extern "C"` function).
 
 use std::env;
-use std::fmt::Write as _;
 use std::path::PathBuf;
-
-/// Upper bound on the number of ops one library can register.
-const SLOTS: usize = 256;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
-    gen_trampolines(&out);
 
     let tf_dir = polyop_build::package_dir("tensorflow", "POLYOP_TF_DIR").and_then(|d| {
         if d.join("libtensorflow_framework.so.2").exists() {
@@ -52,20 +45,4 @@ fn main() {
     // soname); the relative entry finds it from a wheel layout (site-packages/polyop/lib/).
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/../../tensorflow");
     println!("cargo:rustc-env=POLYOP_TF_DIR={}", tf_dir.display());
-}
-
-fn gen_trampolines(out: &std::path::Path) {
-    let mut s = String::new();
-    writeln!(s, "pub const SLOTS: usize = {SLOTS};").unwrap();
-    writeln!(s, "pub static SHAPE_FNS: [ShapeFn; SLOTS] = [").unwrap();
-    for i in 0..SLOTS {
-        write!(s, "shape_tramp::<{i}>, ").unwrap();
-    }
-    writeln!(s, "];").unwrap();
-    writeln!(s, "pub static CREATE_FNS: [CreateFn; SLOTS] = [").unwrap();
-    for i in 0..SLOTS {
-        write!(s, "create_tramp::<{i}>, ").unwrap();
-    }
-    writeln!(s, "];").unwrap();
-    std::fs::write(out.join("trampolines.rs"), s).unwrap();
 }

@@ -8,7 +8,7 @@
 use crate::sys::{string_from_buf, Api};
 use kernel_core::{widen_f32_attr, ArgType, AttrSource, AttrValue, Attrs, OpDef, Result};
 use ort_sys::{OrtKernelInfo, OrtOpAttr, OrtOpAttrType as A, OrtShapeInferContext};
-use std::ffi::CString;
+use std::ffi::{c_char, CString};
 
 /// One node's attribute reader: each method returns `None` when the attribute is absent or
 /// of another type.
@@ -43,27 +43,46 @@ impl<R: Reader> AttrSource for Source<R> {
 
 struct KernelInfo(Api, *const OrtKernelInfo);
 
-// SAFETY (every method): the kernel info is live for the CreateKernelV2 call that built this.
+// SAFETY (every block): the kernel info is live for the CreateKernelV2 call that built this;
+// names are NUL-terminated; out-parameters are writable locals, and `read_array` passes buffers
+// of the size it gives.
 impl Reader for KernelInfo {
     fn int(&self, n: &CString) -> Option<i64> {
+        let f = self.0 .0.KernelInfoGetAttribute_int64;
         // SAFETY: see the impl.
-        unsafe { self.0.info_int(self.1, n) }
+        self.0.out(0, |p| unsafe { f(self.1, n.as_ptr(), p) }).ok()
     }
     fn float(&self, n: &CString) -> Option<f32> {
+        let f = self.0 .0.KernelInfoGetAttribute_float;
         // SAFETY: see the impl.
-        unsafe { self.0.info_float(self.1, n) }
+        self.0
+            .out(0.0, |p| unsafe { f(self.1, n.as_ptr(), p) })
+            .ok()
     }
     fn string(&self, n: &CString) -> Option<String> {
+        let f = self.0 .0.KernelInfoGetAttribute_string;
         // SAFETY: see the impl.
-        unsafe { self.0.info_string(self.1, n) }
+        let buf = self
+            .0
+            .read_array(|p: *mut c_char, k| unsafe { f(self.1, n.as_ptr(), p, k) })?;
+        // The size KernelInfoGetAttribute_string reports includes the C terminator.
+        let mut bytes: Vec<u8> = buf.into_iter().map(|c| c as u8).collect();
+        if bytes.last() == Some(&0) {
+            bytes.pop();
+        }
+        Some(string_from_buf(bytes))
     }
     fn ints(&self, n: &CString) -> Option<Vec<i64>> {
+        let f = self.0 .0.KernelInfoGetAttributeArray_int64;
         // SAFETY: see the impl.
-        unsafe { self.0.info_ints(self.1, n) }
+        self.0
+            .read_array(|p, k| unsafe { f(self.1, n.as_ptr(), p, k) })
     }
     fn floats(&self, n: &CString) -> Option<Vec<f32>> {
+        let f = self.0 .0.KernelInfoGetAttributeArray_float;
         // SAFETY: see the impl.
-        unsafe { self.0.info_floats(self.1, n) }
+        self.0
+            .read_array(|p, k| unsafe { f(self.1, n.as_ptr(), p, k) })
     }
 }
 

@@ -21,7 +21,7 @@
 use crate::call::{create_kernel_v2, kernel_compute_v2, kernel_destroy};
 use crate::shape::infer_output_shape;
 use crate::sys::{Api, API_VERSION};
-use crate::tensor::onnx_from_dtype;
+use crate::tensor::ONNX_DTYPES;
 use kernel_core::{ArgType, DType, OpDef, TypeRule};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtCustomOp, OrtCustomOpInputOutputCharacteristic as Ch,
@@ -63,8 +63,8 @@ impl PolyOp {
     /// `t`: the dtype declared for `T` (`None` = the any-type fallback).
     fn new(api: Api, op: &'static OpDef, t: Option<DType>) -> PolyOp {
         let decl = |r: &TypeRule| match (r, t) {
-            (TypeRule::Fixed(d), _) => onnx_from_dtype(*d),
-            (TypeRule::T, Some(d)) => onnx_from_dtype(d),
+            (TypeRule::Fixed(d), _) => ONNX_DTYPES.code(*d),
+            (TypeRule::T, Some(d)) => ONNX_DTYPES.code(d),
             (TypeRule::T, None) => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED,
         };
         // SAFETY: every field of OrtCustomOp is a u32 or an Option<fn>; all-zero is valid

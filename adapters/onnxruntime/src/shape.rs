@@ -5,7 +5,7 @@
 use crate::error::guard;
 use crate::register::this;
 use crate::sys::Api;
-use crate::tensor::{dtype_from_onnx, onnx_from_dtype, unsupported_type};
+use crate::tensor::{unsupported_type, ONNX_DTYPES};
 use kernel_core::{DType, Dim, OpDef, Result, TensorSpec};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtCustomOp, OrtKernelInfo, OrtShapeInferContext, OrtStatusPtr,
@@ -17,7 +17,9 @@ fn spec(op: &OpDef, i: usize, et: ET, dims: Vec<Dim>) -> Result<Option<TensorSpe
     if et == ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED {
         return Ok(None);
     }
-    let dtype: DType = dtype_from_onnx(et).ok_or_else(|| unsupported_type(op, i, et))?;
+    let dtype: DType = ONNX_DTYPES
+        .dtype(et)
+        .ok_or_else(|| unsupported_type(op, i, et))?;
     Ok(Some(if dims.is_empty() {
         TensorSpec::unknown_rank(dtype)
     } else {
@@ -76,7 +78,7 @@ pub(crate) unsafe extern "system" fn infer_output_shape(
             if let Some(dims) = &o.shape {
                 let prefix = format!("polyop_{}_{}", p.op.name, p.op.schema.output_name(i));
                 // SAFETY: as above; i < the op's (and node's) output count.
-                unsafe { api.sic_set_output(ctx, i, onnx_from_dtype(o.dtype), dims, &prefix) }?;
+                unsafe { api.sic_set_output(ctx, i, ONNX_DTYPES.code(o.dtype), dims, &prefix) }?;
             }
         }
         Ok(())

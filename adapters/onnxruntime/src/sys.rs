@@ -257,35 +257,39 @@ impl Api {
     }
 
     pub unsafe fn tensor_data(&self, v: *const OrtValue) -> Result<*mut u8> {
-        let mut p: *mut c_void = ptr::null_mut();
         // SAFETY: `v` is a live tensor value (the module's contract). The C signature takes
         // `OrtValue*` but only reads the value to return its buffer pointer; whether that
         // buffer may be written is up to the caller (inputs are only read).
-        unsafe {
-            self.check((self.0.GetTensorMutableData)(v as *mut OrtValue, &mut p))?;
-        }
-        Ok(p as *mut u8)
+        let f = |p| unsafe { (self.0.GetTensorMutableData)(v as *mut OrtValue, p) };
+        Ok(self.out(ptr::null_mut(), f)? as *mut u8)
     }
 
-    // ---- kernel context -------------------------------------------------------------------
+    // ---- kernel context, kernel info, shape-inference context -----------------------------
+
+    /// Run a C API call that fills one out-parameter, starting from `init`.
+    pub(crate) fn out<T>(&self, init: T, f: impl FnOnce(*mut T) -> OrtStatusPtr) -> Result<T> {
+        let mut v = init;
+        self.check(f(&mut v))?;
+        Ok(v)
+    }
 
     pub unsafe fn input_count(&self, ctx: *const OrtKernelContext) -> Result<usize> {
-        let mut n = 0;
         // SAFETY: `ctx` is a live kernel context (the module's contract); `n` a writable local.
-        unsafe { self.check((self.0.KernelContext_GetInputCount)(ctx, &mut n))? };
-        Ok(n)
+        self.out(0, |n| unsafe {
+            (self.0.KernelContext_GetInputCount)(ctx, n)
+        })
     }
     pub unsafe fn output_count(&self, ctx: *const OrtKernelContext) -> Result<usize> {
-        let mut n = 0;
         // SAFETY: as in `input_count`.
-        unsafe { self.check((self.0.KernelContext_GetOutputCount)(ctx, &mut n))? };
-        Ok(n)
+        self.out(0, |n| unsafe {
+            (self.0.KernelContext_GetOutputCount)(ctx, n)
+        })
     }
     pub unsafe fn input(&self, ctx: *const OrtKernelContext, i: usize) -> Result<*const OrtValue> {
-        let mut v: *const OrtValue = ptr::null();
         // SAFETY: as in `input_count`; `i` is below the context's input count.
-        unsafe { self.check((self.0.KernelContext_GetInput)(ctx, i, &mut v))? };
-        Ok(v)
+        self.out(ptr::null(), |v| unsafe {
+            (self.0.KernelContext_GetInput)(ctx, i, v)
+        })
     }
     pub unsafe fn output(
         &self,
@@ -293,33 +297,28 @@ impl Api {
         i: usize,
         shape: &[usize],
     ) -> Result<*mut OrtValue> {
-        let mut v: *mut OrtValue = ptr::null_mut();
         let get = self.0.KernelContext_GetOutput;
         with_i64_dims(shape, |d| {
             // SAFETY: `ctx` is a live kernel context and `i` below its output count (the
             // module's contract); `d` holds `d.len()` dims; `v` is a writable local.
-            self.check(unsafe { get(ctx, i, d.as_ptr(), d.len(), &mut v) })
-        })?;
-        Ok(v)
+            self.out(ptr::null_mut(), |v| unsafe {
+                get(ctx, i, d.as_ptr(), d.len(), v)
+            })
+        })
+    }
+    pub unsafe fn info_input_count(&self, info: *const OrtKernelInfo) -> Result<usize> {
+        // SAFETY: `info` is a live kernel info (the module's contract); `n` a writable local.
+        self.out(0, |n| unsafe { (self.0.KernelInfo_GetInputCount)(info, n) })
+    }
+    pub unsafe fn sic_input_count(&self, ctx: *const OrtShapeInferContext) -> Result<usize> {
+        // SAFETY: `ctx` is a live shape-inference context (the module's contract).
+        self.out(0, |n| unsafe {
+            (self.0.ShapeInferContext_GetInputCount)(ctx, n)
+        })
     }
 
-    // ---- kernel info (attributes and input types at kernel creation) ---------------------
-
-    pub unsafe fn info_int(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<i64> {
-        let mut v = 0i64;
-        // SAFETY: `info` is a live kernel info (the module's contract); `name` is
-        // NUL-terminated; `v` is a writable local.
-        let st = unsafe { (self.0.KernelInfoGetAttribute_int64)(info, name.as_ptr(), &mut v) };
-        self.check(st).ok().map(|_| v)
-    }
-    pub unsafe fn info_float(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<f32> {
-        let mut v = 0f32;
-        // SAFETY: as in `info_int`.
-        let st = unsafe { (self.0.KernelInfoGetAttribute_float)(info, name.as_ptr(), &mut v) };
-        self.check(st).ok().map(|_| v)
-    }
     /// A variable-size attribute: asks `get` for the size first, then fills a buffer.
-    fn info_array<T: Default + Clone>(
+    pub(crate) fn read_array<T: Default + Clone>(
         &self,
         get: impl Fn(*mut T, &mut usize) -> OrtStatusPtr,
     ) -> Option<Vec<T>> {
@@ -329,27 +328,6 @@ impl Api {
         self.check(get(v.as_mut_ptr(), &mut size)).ok()?;
         v.truncate(size);
         Some(v)
-    }
-    pub unsafe fn info_string(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<String> {
-        let f = self.0.KernelInfoGetAttribute_string;
-        // SAFETY: `info` is live (this function's contract); `get` passes a buffer of `size`.
-        let buf = self.info_array(|p: *mut c_char, n| unsafe { f(info, name.as_ptr(), p, n) })?;
-        // The size KernelInfoGetAttribute_string reports includes the C terminator.
-        let mut bytes: Vec<u8> = buf.into_iter().map(|c| c as u8).collect();
-        if bytes.last() == Some(&0) {
-            bytes.pop();
-        }
-        Some(string_from_buf(bytes))
-    }
-    pub unsafe fn info_ints(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<i64>> {
-        let f = self.0.KernelInfoGetAttributeArray_int64;
-        // SAFETY: as in `info_string`.
-        self.info_array(|p, n| unsafe { f(info, name.as_ptr(), p, n) })
-    }
-    pub unsafe fn info_floats(&self, info: *const OrtKernelInfo, name: &CStr) -> Option<Vec<f32>> {
-        let f = self.0.KernelInfoGetAttributeArray_float;
-        // SAFETY: as in `info_string`.
-        self.info_array(|p, n| unsafe { f(info, name.as_ptr(), p, n) })
     }
 
     /// Declared element type and dims (None = unknown) of node input `i`; `None` when the input
@@ -381,22 +359,7 @@ impl Api {
         }
     }
 
-    pub unsafe fn info_input_count(&self, info: *const OrtKernelInfo) -> Result<usize> {
-        let mut n = 0;
-        // SAFETY: `info` is a live kernel info (the module's contract); `n` a writable local.
-        unsafe { self.check((self.0.KernelInfo_GetInputCount)(info, &mut n))? };
-        Ok(n)
-    }
-
     // ---- shape inference ------------------------------------------------------------------
-
-    pub unsafe fn sic_input_count(&self, ctx: *const OrtShapeInferContext) -> Result<usize> {
-        let mut n = 0;
-        // SAFETY: `ctx` is a live shape-inference context (the module's contract); `n` a
-        // writable local.
-        unsafe { self.check((self.0.ShapeInferContext_GetInputCount)(ctx, &mut n))? };
-        Ok(n)
-    }
 
     /// Input `i`'s element type and dims (the info is owned by the context).
     pub unsafe fn sic_input(

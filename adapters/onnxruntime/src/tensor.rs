@@ -4,35 +4,20 @@
 use crate::sys::Api;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    contiguous_strides, DType, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef,
+    contiguous_strides, DType, DTypeCodes, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef,
 };
 use ort_sys::{ONNXTensorElementDataType as ET, OrtKernelContext};
 
-/// ONNX element type <-> polyop dtype.
-pub fn dtype_from_onnx(t: ET) -> Option<DType> {
-    Some(match t {
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 => DType::F16,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 => DType::BF16,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT => DType::F32,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE => DType::F64,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 => DType::I32,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 => DType::I64,
-        ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL => DType::Bool,
-        _ => return None,
-    })
-}
-
-pub fn onnx_from_dtype(d: DType) -> ET {
-    match d {
-        DType::F16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
-        DType::BF16 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
-        DType::F32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
-        DType::F64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
-        DType::I32 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
-        DType::I64 => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
-        DType::Bool => ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
-    }
-}
+/// ONNX element types of the polyop dtypes.
+pub const ONNX_DTYPES: DTypeCodes<ET> = DTypeCodes([
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE,
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
+    ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
+]);
 
 /// ONNX's lower-case name of an element type, for error messages.
 pub fn onnx_type_name(t: ET) -> String {
@@ -43,20 +28,12 @@ pub fn onnx_type_name(t: ET) -> String {
 
 /// An element type the adapter cannot hand to a kernel, as a polyop error.
 pub fn unsupported_type(op: &OpDef, i: usize, t: ET) -> Error {
-    let supported: Vec<&str> = op.dtypes.iter().map(|d| d.name()).collect();
-    Error::invalid(format!(
-        "unsupported dtype {} for {} (supported: {})",
-        onnx_type_name(t),
-        input_label(op, i),
-        supported.join(", ")
-    ))
-}
-
-pub(crate) fn input_label(op: &OpDef, i: usize) -> String {
-    match op.schema.tensor_args().nth(i) {
-        Some(a) => format!("input `{}`", a.name),
-        None => format!("input {i}"),
-    }
+    let name = op
+        .schema
+        .tensor_args()
+        .nth(i)
+        .map_or("?", |a| a.name.as_str());
+    op.unsupported_dtype(name, &onnx_type_name(t))
 }
 
 /// The node's inputs as views (`None` for an absent optional input).
@@ -90,7 +67,9 @@ pub(crate) unsafe fn inputs<'a>(
         }
         // SAFETY: `v` is a live input value of this call.
         let (et, shape) = unsafe { api.value_type_shape(v) }?;
-        let dtype = dtype_from_onnx(et).ok_or_else(|| unsupported_type(op, i, et))?;
+        let dtype = ONNX_DTYPES
+            .dtype(et)
+            .ok_or_else(|| unsupported_type(op, i, et))?;
         // SAFETY: as above.
         let ptr = unsafe { api.tensor_data(v) }?;
         let strides = contiguous_strides(&shape);
@@ -132,7 +111,7 @@ impl<'a> OutputAllocator<'a> for OrtOutputs {
         // Defensive (the kernel writes `dtype` elements of `shape` into this buffer): checked
         // without allocating on runtimes with the borrowed-shape API.
         // SAFETY: `v` is the output value onnxruntime just allocated.
-        if !unsafe { api.value_is(v, onnx_from_dtype(dtype), shape) }? {
+        if !unsafe { api.value_is(v, ONNX_DTYPES.code(dtype), shape) }? {
             // SAFETY: as above.
             let (et, got) = unsafe { api.value_type_shape(v) }?;
             return Err(Error::internal(format!(

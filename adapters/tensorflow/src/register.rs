@@ -10,7 +10,13 @@ use std::ffi::CString;
 use std::os::raw::c_void;
 use std::sync::RwLock;
 
-include!(concat!(env!("OUT_DIR"), "/trampolines.rs"));
+/// Upper bound on the number of ops one library can register. C callbacks carry no user data,
+/// so each op slot gets its own monomorphised shape function and kernel constructor.
+const SLOTS: usize = 256;
+seq_macro::seq!(I in 0..256 {
+    static SHAPE_FNS: [ShapeFn; SLOTS] = [#(shape_tramp::<I>,)*];
+    static CREATE_FNS: [CreateFn; SLOTS] = [#(create_tramp::<I>,)*];
+});
 
 /// TF's name of a dtype in op-definition specs.
 pub fn tf_type_name(d: DType) -> &'static str {

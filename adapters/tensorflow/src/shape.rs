@@ -7,7 +7,7 @@
 //! static shapes from the real attribute values.
 
 use crate::sys::*;
-use crate::tensor::dtype_from_tf;
+use crate::tensor::TF_DTYPES;
 use kernel_core::{ArgType, Dim, Error, OpDef, Result, TensorSpec};
 use std::ffi::CString;
 
@@ -142,7 +142,11 @@ pub unsafe fn shape_fn(
         if !st.ok() {
             return Err(Error::internal(format!("reading attr T: {}", st.message())));
         }
-        Some(dtype_from_tf(t).ok_or_else(|| Error::invalid(format!("unsupported TF dtype {t}")))?)
+        Some(
+            TF_DTYPES
+                .dtype(t)
+                .ok_or_else(|| Error::invalid(format!("unsupported TF dtype {t}")))?,
+        )
     } else {
         None
     };

@@ -4,33 +4,20 @@
 use crate::sys::*;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    contiguous_strides, numel, with_i64_dims, DType, Error, Result, TensorMut, TensorRef,
+    contiguous_strides, numel, with_i64_dims, DType, DTypeCodes, Error, Result, TensorMut,
+    TensorRef,
 };
 
-pub fn dtype_from_tf(t: TF_DataType) -> Option<DType> {
-    Some(match t {
-        TF_HALF => DType::F16,
-        TF_BFLOAT16 => DType::BF16,
-        TF_FLOAT => DType::F32,
-        TF_DOUBLE => DType::F64,
-        TF_INT32 => DType::I32,
-        TF_INT64 => DType::I64,
-        TF_BOOL => DType::Bool,
-        _ => return None,
-    })
-}
-
-pub fn dtype_to_tf(d: DType) -> TF_DataType {
-    match d {
-        DType::F16 => TF_HALF,
-        DType::BF16 => TF_BFLOAT16,
-        DType::F32 => TF_FLOAT,
-        DType::F64 => TF_DOUBLE,
-        DType::I32 => TF_INT32,
-        DType::I64 => TF_INT64,
-        DType::Bool => TF_BOOL,
-    }
-}
+/// TF's dtype codes.
+pub const TF_DTYPES: DTypeCodes<TF_DataType> = DTypeCodes([
+    TF_HALF,
+    TF_BFLOAT16,
+    TF_FLOAT,
+    TF_DOUBLE,
+    TF_INT32,
+    TF_INT64,
+    TF_BOOL,
+]);
 
 /// Owned `TF_Tensor*` handles, deleted on drop (the tensors stay alive in the context).
 pub(crate) struct Tensors(pub Vec<*mut TF_Tensor>);
@@ -50,7 +37,8 @@ impl Drop for Tensors {
 pub(crate) unsafe fn input_view<'a>(t: *mut TF_Tensor) -> Result<TensorRef<'a>> {
     // SAFETY: `t` is live (this function's contract), as in every call below.
     let tf_dtype = unsafe { TF_TensorType(t) };
-    let dtype = dtype_from_tf(tf_dtype)
+    let dtype = TF_DTYPES
+        .dtype(tf_dtype)
         .ok_or_else(|| Error::invalid(format!("unsupported TF dtype code {tf_dtype}")))?;
     // SAFETY: as above.
     let rank = unsafe { TF_NumDims(t) };
@@ -81,7 +69,7 @@ impl<'a> OutputAllocator<'a> for TfOutputs {
             TF_AllocateOutput(
                 self.ctx,
                 index as i32,
-                dtype_to_tf(dtype),
+                TF_DTYPES.code(dtype),
                 dims.as_ptr(),
                 dims.len() as i32,
                 numel(shape) * dtype.size(),

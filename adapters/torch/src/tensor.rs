@@ -4,7 +4,7 @@
 
 use crate::sys::{self as ffi, AtenTensorHandle};
 use kernel_core::op::OutputAllocator;
-use kernel_core::{DType, Error, OpDef, Result, TensorMut, TensorRef};
+use kernel_core::{DType, DTypeCodes, Error, OpDef, Result, TensorMut, TensorRef};
 use std::sync::OnceLock;
 
 /// An owning tensor handle, deleted on drop.
@@ -53,7 +53,7 @@ pub(crate) struct Codes {
     cpu: i32,
     pub meta: i32,
     cuda: i32,
-    dtypes: [(i32, DType); 7],
+    dtypes: DTypeCodes<i32>,
     others: [(i32, &'static str); 11],
 }
 
@@ -65,15 +65,15 @@ pub(crate) fn codes() -> &'static Codes {
             cpu: ffi::aoti_torch_device_type_cpu(),
             meta: ffi::aoti_torch_device_type_meta(),
             cuda: ffi::aoti_torch_device_type_cuda(),
-            dtypes: [
-                (ffi::aoti_torch_dtype_float16(), DType::F16),
-                (ffi::aoti_torch_dtype_bfloat16(), DType::BF16),
-                (ffi::aoti_torch_dtype_float32(), DType::F32),
-                (ffi::aoti_torch_dtype_float64(), DType::F64),
-                (ffi::aoti_torch_dtype_int32(), DType::I32),
-                (ffi::aoti_torch_dtype_int64(), DType::I64),
-                (ffi::aoti_torch_dtype_bool(), DType::Bool),
-            ],
+            dtypes: DTypeCodes([
+                ffi::aoti_torch_dtype_float16(),
+                ffi::aoti_torch_dtype_bfloat16(),
+                ffi::aoti_torch_dtype_float32(),
+                ffi::aoti_torch_dtype_float64(),
+                ffi::aoti_torch_dtype_int32(),
+                ffi::aoti_torch_dtype_int64(),
+                ffi::aoti_torch_dtype_bool(),
+            ]),
             others: [
                 (ffi::aoti_torch_dtype_uint8(), "uint8"),
                 (ffi::aoti_torch_dtype_int8(), "int8"),
@@ -93,8 +93,8 @@ pub(crate) fn codes() -> &'static Codes {
 
 pub(crate) fn dtype_from_code(code: i32) -> std::result::Result<DType, String> {
     let c = codes();
-    if let Some((_, d)) = c.dtypes.iter().find(|(k, _)| *k == code) {
-        return Ok(*d);
+    if let Some(d) = c.dtypes.dtype(code) {
+        return Ok(d);
     }
     Err(c
         .others
@@ -105,12 +105,7 @@ pub(crate) fn dtype_from_code(code: i32) -> std::result::Result<DType, String> {
 }
 
 pub(crate) fn code_from_dtype(d: DType) -> i32 {
-    codes()
-        .dtypes
-        .iter()
-        .find(|(_, k)| *k == d)
-        .map(|(c, _)| *c)
-        .expect("every DType has a torch code")
+    codes().dtypes.code(d)
 }
 
 /// One input tensor: its device and a view of it.
@@ -151,17 +146,7 @@ pub(crate) fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>
         ))
         .in_op(op));
     }
-    let dtype = dtype_from_code(dt).map_err(|n| {
-        Error::invalid(format!(
-            "unsupported dtype {n} for input `{name}` (supported: {})",
-            op.dtypes
-                .iter()
-                .map(|d| d.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-        .in_op(op)
-    })?;
+    let dtype = dtype_from_code(dt).map_err(|n| op.unsupported_dtype(name, &n))?;
     let n = dim as usize;
     let (shape, strides) = if n == 0 {
         (vec![], vec![])

@@ -8,7 +8,7 @@ use crate::error::{make_error, FfiError};
 use crate::pool::XlaPool;
 use crate::register::{check_api, populate_metadata, PINNED_JAXLIB};
 use crate::sys;
-use crate::tensor::{decode_buffer, decode_inputs, dtype_from_xla, xla_dtype_name};
+use crate::tensor::{decode_buffer, decode_inputs, xla_dtype_name, XLA_DTYPES};
 use kernel_core::call::{self, Preallocated};
 use kernel_core::{default_pool, CallSites, Error, OpDef, Phase, Registry, Result, ThreadPool};
 
@@ -150,7 +150,7 @@ unsafe fn handle_inner(
         let name = || format!("result `{}`", op.schema.output_name(i));
         // SAFETY: as above.
         let b = unsafe { decode_buffer(*rets.rets.add(i), name)? };
-        let dtype = dtype_from_xla(b.xla_dtype).ok_or_else(|| {
+        let dtype = XLA_DTYPES.dtype(b.xla_dtype).ok_or_else(|| {
             Error::invalid(format!(
                 "{} has unsupported dtype {}",
                 name(),

@@ -36,7 +36,8 @@ pub use call::{handle, handle_with, OpState};
 pub use kernel_core::Registry;
 pub use register::{API_MAJOR, API_MINOR, PINNED_JAXLIB};
 
-/// The most ops one library can export to XLA (the size of [`export!`]'s handler table).
+/// The most ops one library can export to XLA (the size of [`export!`]'s handler table; the
+/// table's type checks that its `seq!` range has this length).
 pub const MAX_OPS: usize = 128;
 
 /// An XLA typed-FFI handler, as XLA calls it.
@@ -85,29 +86,7 @@ pub unsafe fn handle_index(
 }
 
 #[doc(hidden)]
-#[macro_export]
-macro_rules! __handler_table {
-    ($h:ident) => {
-        [
-            $h::<0>, $h::<1>, $h::<2>, $h::<3>, $h::<4>, $h::<5>, $h::<6>, $h::<7>, $h::<8>,
-            $h::<9>, $h::<10>, $h::<11>, $h::<12>, $h::<13>, $h::<14>, $h::<15>, $h::<16>,
-            $h::<17>, $h::<18>, $h::<19>, $h::<20>, $h::<21>, $h::<22>, $h::<23>, $h::<24>,
-            $h::<25>, $h::<26>, $h::<27>, $h::<28>, $h::<29>, $h::<30>, $h::<31>, $h::<32>,
-            $h::<33>, $h::<34>, $h::<35>, $h::<36>, $h::<37>, $h::<38>, $h::<39>, $h::<40>,
-            $h::<41>, $h::<42>, $h::<43>, $h::<44>, $h::<45>, $h::<46>, $h::<47>, $h::<48>,
-            $h::<49>, $h::<50>, $h::<51>, $h::<52>, $h::<53>, $h::<54>, $h::<55>, $h::<56>,
-            $h::<57>, $h::<58>, $h::<59>, $h::<60>, $h::<61>, $h::<62>, $h::<63>, $h::<64>,
-            $h::<65>, $h::<66>, $h::<67>, $h::<68>, $h::<69>, $h::<70>, $h::<71>, $h::<72>,
-            $h::<73>, $h::<74>, $h::<75>, $h::<76>, $h::<77>, $h::<78>, $h::<79>, $h::<80>,
-            $h::<81>, $h::<82>, $h::<83>, $h::<84>, $h::<85>, $h::<86>, $h::<87>, $h::<88>,
-            $h::<89>, $h::<90>, $h::<91>, $h::<92>, $h::<93>, $h::<94>, $h::<95>, $h::<96>,
-            $h::<97>, $h::<98>, $h::<99>, $h::<100>, $h::<101>, $h::<102>, $h::<103>, $h::<104>,
-            $h::<105>, $h::<106>, $h::<107>, $h::<108>, $h::<109>, $h::<110>, $h::<111>, $h::<112>,
-            $h::<113>, $h::<114>, $h::<115>, $h::<116>, $h::<117>, $h::<118>, $h::<119>, $h::<120>,
-            $h::<121>, $h::<122>, $h::<123>, $h::<124>, $h::<125>, $h::<126>, $h::<127>,
-        ]
-    };
-}
+pub use seq_macro::seq as __seq;
 
 /// Build an XLA / JAX library from a registry: in a `cdylib` crate,
 ///
@@ -148,7 +127,8 @@ macro_rules! export {
                 unsafe { $crate::handle_index(registry, I, &STATES[I], frame) }
             }
 
-            static TABLE: [$crate::Handler; $crate::MAX_OPS] = $crate::__handler_table!(slot);
+            static TABLE: [$crate::Handler; $crate::MAX_OPS] =
+        $crate::__seq!(I in 0..128 { [#(slot::<I>,)*] });
 
             /// The handler of op `name`, or `None` if this library does not export it to XLA.
             pub fn handler(name: &str) -> Option<$crate::Handler> {

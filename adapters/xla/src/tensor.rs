@@ -2,7 +2,7 @@
 //! result buffers.
 
 use crate::sys;
-use kernel_core::{DType, Error, OpDef, Result, TensorRef};
+use kernel_core::{DTypeCodes, Error, OpDef, Result, TensorRef};
 
 pub(crate) fn xla_dtype_name(d: sys::XLA_FFI_DataType) -> String {
     let n = match d {
@@ -26,19 +26,16 @@ pub(crate) fn xla_dtype_name(d: sys::XLA_FFI_DataType) -> String {
     n.to_string()
 }
 
-/// XLA element type -> kernel-core dtype.
-pub fn dtype_from_xla(d: sys::XLA_FFI_DataType) -> Option<DType> {
-    Some(match d {
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED => DType::Bool,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S32 => DType::I32,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S64 => DType::I64,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F16 => DType::F16,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => DType::BF16,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => DType::F32,
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => DType::F64,
-        _ => return None,
-    })
-}
+/// XLA element types of the polyop dtypes.
+pub const XLA_DTYPES: DTypeCodes<sys::XLA_FFI_DataType> = DTypeCodes([
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_F16,
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16,
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_F32,
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_F64,
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_S32,
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_S64,
+    sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED,
+]);
 
 /// A decoded buffer: dtype (as XLA reported it), dims, data.
 pub(crate) struct RawBuffer {
@@ -131,13 +128,9 @@ pub(crate) unsafe fn decode_inputs<'a>(
         }
         // SAFETY: as above; the entry of a BUFFER-typed operand is null or a buffer descriptor.
         let b = unsafe { decode_buffer(*args.args.add(i), || format!("operand `{}`", arg.name))? };
-        let dtype = dtype_from_xla(b.xla_dtype).ok_or_else(|| {
-            Error::invalid(format!(
-                "unsupported dtype {} for input `{}`",
-                xla_dtype_name(b.xla_dtype),
-                arg.name
-            ))
-        })?;
+        let dtype = XLA_DTYPES
+            .dtype(b.xla_dtype)
+            .ok_or_else(|| op.unsupported_dtype(&arg.name, &xla_dtype_name(b.xla_dtype)))?;
         let strides = kernel_core::contiguous_strides(&b.dims);
         // SAFETY: XLA passes dense row-major (default layout) buffers valid for the call.
         out.push(Some(unsafe {

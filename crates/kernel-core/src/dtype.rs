@@ -80,8 +80,27 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// The dtype whose discriminant (its position in [`DType::ALL`]) is `code`.
     pub fn from_code(code: u8) -> Option<DType> {
         DType::ALL.get(code as usize).copied()
+    }
+}
+
+/// A framework's codes for the seven dtypes, in [`DType::ALL`] order: one table per adapter
+/// serves both directions.
+pub struct DTypeCodes<C>(pub [C; 7]);
+
+impl<C: Copy + PartialEq> DTypeCodes<C> {
+    /// The dtype of a framework code; `None` for a code polyop has no dtype for.
+    pub fn dtype(&self, code: C) -> Option<DType> {
+        self.0
+            .iter()
+            .position(|&c| c == code)
+            .map(|i| DType::ALL[i])
+    }
+    /// The framework's code of `d`.
+    pub fn code(&self, d: DType) -> C {
+        self.0[d as usize]
     }
 }
 
@@ -271,4 +290,20 @@ macro_rules! dispatch_numeric {
             _ => $else,
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_codes_map_both_ways_in_all_order() {
+        let codes = DTypeCodes([10, 11, 12, 13, 14, 15, 16]);
+        for (i, d) in DType::ALL.into_iter().enumerate() {
+            assert_eq!(codes.code(d), 10 + i as i32);
+            assert_eq!(codes.dtype(10 + i as i32), Some(d));
+        }
+        assert_eq!(codes.dtype(9), None);
+        assert_eq!(codes.dtype(17), None);
+    }
 }

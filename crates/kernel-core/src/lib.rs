@@ -25,7 +25,7 @@ pub mod unknown_attrs;
 pub use attrs::{widen_f32_attr, AttrValue, Attrs};
 pub use call::{AttrSource, CallSite, CallSites, Phase};
 pub use dim::{broadcast_dims, fmt_dims, BinOp, Constraint, Dim, Expr, Relation};
-pub use dtype::{DType, Element, FloatElem};
+pub use dtype::{DType, DTypeCodes, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, OpRef, Result};
 pub use fpenv::KernelFpEnv;
 pub use op::{

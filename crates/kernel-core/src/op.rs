@@ -285,6 +285,17 @@ pub struct OpBuilder {
 }
 
 impl OpDef {
+    /// The error for tensor argument `input` given in a dtype the op does not take, `dtype`
+    /// named as the framework names it (it may be one polyop has no `DType` for).
+    pub fn unsupported_dtype(&self, input: &str, dtype: &str) -> Error {
+        let supported: Vec<&str> = self.dtypes.iter().map(|d| d.name()).collect();
+        Error::invalid(format!(
+            "unsupported dtype {dtype} for input `{input}` (supported: {})",
+            supported.join(", ")
+        ))
+        .in_op(self)
+    }
+
     pub fn builder(schema: &'static str) -> OpBuilder {
         OpBuilder {
             schema,
@@ -363,16 +374,7 @@ impl OpDef {
                     .in_op(self))
                 }
                 TypeRule::T if !self.dtypes.contains(d) => {
-                    return Err(Error::invalid(format!(
-                        "unsupported dtype {d} for input `{}` (supported: {})",
-                        arg.name,
-                        self.dtypes
-                            .iter()
-                            .map(|d| d.name())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                    .in_op(self))
+                    return Err(self.unsupported_dtype(&arg.name, d.name()))
                 }
                 TypeRule::T if Some(*d) != t => {
                     return Err(Error::invalid(format!(
