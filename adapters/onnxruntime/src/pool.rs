@@ -3,7 +3,7 @@
 //! by kernel-core (fixed chunks), so results do not depend on the thread count.
 
 use crate::sys::Api;
-use kernel_core::{PanicSlot, ThreadPool};
+use kernel_core::{run_c_job, CJob, ThreadPool};
 use ort_sys::OrtKernelContext;
 use std::ffi::c_void;
 
@@ -19,53 +19,22 @@ pub struct OrtPool {
 // its tasks have finished.
 unsafe impl Sync for OrtPool {}
 
-struct Task<'a> {
-    f: &'a (dyn Fn(usize) + Sync),
-    slot: &'a PanicSlot,
-}
-
-unsafe extern "C" fn trampoline(data: *mut c_void, i: usize) {
-    // SAFETY: `data` is the `Task` that `run` keeps alive until ParallelFor returns.
-    let t = unsafe { &*(data as *const Task) };
-    // No panic may unwind into onnxruntime's threads: keep it, re-raise after the loop.
-    t.slot.catch(|| (t.f)(i));
+unsafe extern "C" fn trampoline(ctx: *mut c_void, i: usize) {
+    // SAFETY: `ctx` is the job `run_c_job` handed to ParallelFor, alive for that call.
+    unsafe { CJob::from_ctx(ctx) }.run(i..i + 1);
 }
 
 impl ThreadPool for OrtPool {
     fn run(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        match num_tasks {
-            0 => return,
-            1 => return f(0),
-            _ => {}
-        }
-        let slot = PanicSlot::new();
-        {
-            let task = Task { f, slot: &slot };
-            // num_batch = 0: onnxruntime's TrySimpleParallelFor, one call per task index, on
-            // the session's intra-op pool (inline when the pool has one thread).
-            // SAFETY: `self.ctx` is the kernel context of the compute call this pool was made
-            // for, still running on this thread; `task` outlives the call, which returns only
-            // after every `trampoline(&task, i)` has finished, and `trampoline` catches panics
-            // so none unwinds into onnxruntime.
+        run_c_job(num_tasks, f, |ctx| {
+            // SAFETY: the kernel context is live for the compute call that made `self`;
+            // `trampoline` only reads the job behind `ctx`, which outlives this (blocking) call.
             let st = unsafe {
-                (self.api.0.KernelContext_ParallelFor)(
-                    self.ctx,
-                    trampoline,
-                    num_tasks,
-                    0,
-                    &task as *const Task as *mut c_void,
-                )
+                (self.api.0.KernelContext_ParallelFor)(self.ctx, trampoline, num_tasks, 0, ctx)
             };
-            if !st.0.is_null() {
-                // No pool available: run the tasks here. Tasks write disjoint, fixed ranges,
-                // so re-running any that already ran gives the same bytes.
-                self.api.release(st);
-                for i in 0..num_tasks {
-                    slot.catch(|| f(i));
-                }
-            }
-        }
-        slot.resume();
+            // A failed ParallelFor (no pool) runs the tasks here.
+            self.api.check(st).is_ok()
+        });
     }
 
     fn num_threads(&self) -> usize {

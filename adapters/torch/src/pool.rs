@@ -4,53 +4,26 @@
 //! do not depend on the thread count.
 
 use crate::sys as ffi;
-use kernel_core::{PanicSlot, ThreadPool};
+use kernel_core::{run_c_job, CJob, ThreadPool};
 use std::ffi::c_void;
 
 /// Runs tasks on torch's intra-op thread pool (`at::parallel_for` behind the stable ABI).
 pub struct TorchPool;
 
-struct Job<'a> {
-    f: &'a (dyn Fn(usize) + Sync),
-    panics: &'a PanicSlot,
-}
-
 unsafe extern "C" fn run_range(begin: i64, end: i64, ctx: *mut c_void) {
-    // SAFETY: ctx is the &Job passed to torch_parallel_for below, alive for the whole call.
-    let job = unsafe { &*(ctx as *const Job) };
-    for i in begin..end {
-        // Never unwind into torch's (C++) worker threads: keep the panic, re-raise later.
-        job.panics.catch(|| (job.f)(i as usize));
-    }
+    // SAFETY: `ctx` is the job `run_c_job` handed to torch_parallel_for, alive for that call.
+    unsafe { CJob::from_ctx(ctx) }.run(begin as usize..end as usize);
 }
 
 impl ThreadPool for TorchPool {
     fn run(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        if num_tasks == 0 {
-            return;
-        }
-        if num_tasks == 1 {
-            f(0);
-            return;
-        }
-        let panics = PanicSlot::new();
-        let job = Job { f, panics: &panics };
-        // SAFETY: run_range only reads `job`, which outlives the (blocking) call.
-        let rc = unsafe {
-            ffi::torch_parallel_for(
-                0,
-                num_tasks as i64,
-                1,
-                Some(run_range),
-                &job as *const Job as *mut c_void,
-            )
-        };
-        panics.resume();
-        if rc != ffi::SUCCESS {
-            // Only reachable if torch itself failed to schedule; surfaces as an internal error
-            // (the boxed entry point catches panics).
-            panic!("torch_parallel_for failed: {}", ffi::last_error());
-        }
+        run_c_job(num_tasks, f, |ctx| {
+            // SAFETY: `run_range` only reads the job behind `ctx`, which outlives this
+            // (blocking) call.
+            let rc =
+                unsafe { ffi::torch_parallel_for(0, num_tasks as i64, 1, Some(run_range), ctx) };
+            rc == ffi::SUCCESS
+        });
     }
 
     fn num_threads(&self) -> usize {

@@ -33,7 +33,8 @@ pub use op::{
     OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
 };
 pub use parallel::{
-    default_pool, parallel_for, run_tasks, PanicSlot, RayonPool, SerialPool, ThreadPool,
+    default_pool, parallel_for, run_c_job, run_tasks, CJob, PanicSlot, RayonPool, SerialPool,
+    ThreadPool,
 };
 pub use schema::{Arg, ArgType, Schema};
 pub use tensor::{

@@ -121,6 +121,52 @@ impl PanicSlot {
     }
 }
 
+/// The tasks of one [`ThreadPool::run`] handed to a framework's C parallel-for, which calls
+/// back on its threads with a context pointer and a task index or range.
+pub struct CJob<'a> {
+    f: &'a (dyn Fn(usize) + Sync),
+    panics: PanicSlot,
+}
+
+impl CJob<'_> {
+    /// Run tasks `range` on the calling (framework) thread; a panic is kept, never unwound.
+    pub fn run(&self, range: Range<usize>) {
+        range.for_each(|i| self.panics.catch(|| (self.f)(i)));
+    }
+
+    /// The job behind a context pointer given to `submit` by [`run_c_job`].
+    ///
+    /// # Safety
+    /// `ctx` is the pointer `run_c_job` passed to `submit`, used before `run_c_job` returns.
+    pub unsafe fn from_ctx<'b>(ctx: *mut std::ffi::c_void) -> &'b CJob<'b> {
+        // SAFETY: this function's contract: `ctx` points to the live job of `run_c_job`.
+        unsafe { &*(ctx as *const CJob<'b>) }
+    }
+}
+
+/// [`ThreadPool::run`] over a framework's C parallel-for: `submit(ctx)` hands the job (see
+/// [`CJob::from_ctx`]) to the framework, which runs every task through [`CJob::run`] before it
+/// returns `true`. No task or `0..1` run inline; if `submit` returns `false` (the framework
+/// refused) every task runs here (tasks write disjoint outputs, so rerunning one is harmless).
+/// A task's panic is re-raised on the calling thread.
+pub fn run_c_job(
+    num_tasks: usize,
+    f: &(dyn Fn(usize) + Sync),
+    submit: impl FnOnce(*mut std::ffi::c_void) -> bool,
+) {
+    if num_tasks <= 1 {
+        return (0..num_tasks).for_each(f);
+    }
+    let job = CJob {
+        f,
+        panics: PanicSlot::new(),
+    };
+    if !submit(&job as *const CJob as *mut std::ffi::c_void) {
+        job.run(0..num_tasks);
+    }
+    job.panics.resume();
+}
+
 /// The state shared by the caller and the helpers of [`run_with_helpers`].
 struct Claimed {
     next: std::sync::atomic::AtomicUsize,
