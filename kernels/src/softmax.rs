@@ -8,7 +8,7 @@
 //! with f32 `exp` from `vmath`.
 
 use crate::common::{
-    c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided, max_of,
+    c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided,
     out_ptr, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real, Scalar,
     ACC,
 };
@@ -129,7 +129,7 @@ where
 /// `d` is not finite (an infinite or NaN input) the correction is dropped, so those rows give
 /// what `e^(x - m)` gives.
 #[inline(always)]
-fn exp_minus<C: Real>(x: C, m: C) -> C {
+pub(crate) fn exp_minus<C: Real>(x: C, m: C) -> C {
     let d = x - m;
     let neg_m = C::ZERO - m;
     let bb = d - x;
@@ -139,30 +139,69 @@ fn exp_minus<C: Real>(x: C, m: C) -> C {
     e + e * err
 }
 
+/// The row's maximum (NaN skipped) and whether every element is finite.
+#[inline(always)]
+fn max_and_finite<C: Real>(a: &[C]) -> (C, bool) {
+    let mut acc = [C::neg_infinity(); ACC];
+    // x * 0 is 0 for finite x and NaN for NaN and infinities
+    let mut probe = [C::ZERO; ACC];
+    let c = a.chunks_exact(ACC);
+    let r = c.remainder();
+    for x in c {
+        for j in 0..ACC {
+            acc[j] = if x[j] > acc[j] { x[j] } else { acc[j] };
+            probe[j] = probe[j] + x[j] * C::ZERO;
+        }
+    }
+    for j in 0..r.len() {
+        acc[j] = if r[j] > acc[j] { r[j] } else { acc[j] };
+        probe[j] = probe[j] + r[j] * C::ZERO;
+    }
+    let m = acc
+        .iter()
+        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m });
+    (m, tree_sum(probe) == C::ZERO)
+}
+
 /// `dst = softmax(src)`: max, then `exp(x - max)` stored and summed (fixed order, see
-/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes.
+/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes. A row of finite
+/// numbers takes `Real::exp_diff` (for f32 the fast [`crate::vmath::exp_diff_f32`]); a row
+/// with an infinity or a NaN the general [`exp_minus`], which gives those rows' NaNs and
+/// zeros.
 #[inline(always)]
 fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
-    let m = max_of(src);
-    // a NaN anywhere makes the sum NaN, hence every output NaN
-    let mut acc = [C::ZERO; ACC];
+    let (m, finite) = max_and_finite(src);
+    if finite {
+        exp_sum_div(src, dst, |x| x.exp_diff(m));
+    } else {
+        // a NaN anywhere makes the sum NaN, hence every output NaN
+        exp_sum_div(src, dst, |x| exp_minus(x, m));
+    }
+}
+
+/// `dst = f(src)`, then `dst /= sum(dst)`, the sum in f64 (exact for f32 terms up to 2^29 of
+/// them, so a long float32 row's sum is off by its final rounding only) in the fixed order of
+/// [`crate::common::ACC`].
+#[inline(always)]
+fn exp_sum_div<C: Real>(src: &[C], dst: &mut [C], f: impl Fn(C) -> C) {
+    let mut acc = [0.0f64; ACC];
     let (cs, cd) = (src.chunks_exact(ACC), dst.chunks_exact_mut(ACC));
     let rs = cs.remainder();
     let mut cd = cd;
     for (s, d) in cs.zip(&mut cd) {
         for j in 0..ACC {
-            let e = exp_minus(s[j], m);
+            let e = f(s[j]);
             d[j] = e;
-            acc[j] = acc[j] + e;
+            acc[j] += e.to_f64();
         }
     }
     let rd = cd.into_remainder();
     for j in 0..rs.len() {
-        let e = exp_minus(rs[j], m);
+        let e = f(rs[j]);
         rd[j] = e;
-        acc[j] = acc[j] + e;
+        acc[j] += e.to_f64();
     }
-    let sum = tree_sum(acc);
+    let sum = C::from_f64(tree_sum(acc));
     for v in dst.iter_mut() {
         *v = *v / sum;
     }
