@@ -588,8 +588,10 @@ pub fn simd_level() -> SimdLevel {
 /// themselves it is IEEE fusedMultiplyAdd, correctly rounded in both (a `vfmadd` instruction
 /// here, libm's `fmaf` in the baseline build). (An AVX-512F version was tried: LLVM keeps
 /// 256-bit vectors for it and it was no faster; the CI machines have no AVX-512.) The kernels
-/// inside must be `#[inline(always)]` so they are compiled (and vectorised) for the wider
-/// registers.
+/// inside must be `#[inline(always)]`, and so must the closure (`with_simd(#[inline(always)]
+/// || ...)`), so they are compiled (and vectorised) for the wider registers: a hot loop left
+/// outside is compiled for the baseline, where `mul_add` is a libm call (softmax ran 40x
+/// slower when LLVM stopped inlining its closure).
 #[inline(always)]
 pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -733,7 +735,10 @@ pub fn zip_map<T: Scalar, const N: usize>(
             // has stride 1 (it reaches offsets `0..n`, so every index of `range` is one of its
             // elements) or stride 0 (a broadcast scalar: offset 0 is its only element). An
             // in-place input aliases the output with the same layout, as `flat_map` requires.
-            with_simd(|| unsafe { flat_map::<T, N>(ptrs, bcast, op, range, &f) })
+            with_simd(
+                #[inline(always)]
+                || unsafe { flat_map::<T, N>(ptrs, bcast, op, range, &f) },
+            )
         });
         return Ok(());
     }

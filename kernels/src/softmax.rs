@@ -87,36 +87,39 @@ where
     }
     let direct = lin.stride == 1 && lout.stride == 1;
     parallel_for(pool, lin.count, lane_grain(n), |range| {
-        with_simd(|| {
-            let mut buf = Vec::new();
-            let mut obuf = Vec::new();
-            for lane in range {
-                // SAFETY: x and the output have the same shape (checked above), so lane
-                // `lane < lin.count` has `n` elements in both, at offsets `base(lane) + j *
-                // stride` that each view's own shape and strides reach (the output is
-                // contiguous, `out_ptr` checked it). `parallel_for` gives each lane to one
-                // task, so the output elements written here are this task's alone.
-                unsafe {
-                    let (src, dst) = if direct {
-                        (
-                            c_slice::<T>(p, lin.base(lane), n),
-                            c_slice_mut::<T>(o, lout.base(lane), n),
-                        )
-                    } else {
-                        (None, None)
-                    };
-                    if let (Some(src), Some(dst)) = (src, dst) {
-                        softmax_row(src, dst);
-                    } else {
-                        buf.resize(n, T::C::ZERO);
-                        obuf.resize(n, T::C::ZERO);
-                        load_strided(p, lin.base(lane), lin.stride, &mut buf);
-                        softmax_row(&buf, &mut obuf);
-                        store_strided(o, lout.base(lane), lout.stride, &obuf);
+        with_simd(
+            #[inline(always)]
+            || {
+                let mut buf = Vec::new();
+                let mut obuf = Vec::new();
+                for lane in range {
+                    // SAFETY: x and the output have the same shape (checked above), so lane
+                    // `lane < lin.count` has `n` elements in both, at offsets `base(lane) + j *
+                    // stride` that each view's own shape and strides reach (the output is
+                    // contiguous, `out_ptr` checked it). `parallel_for` gives each lane to one
+                    // task, so the output elements written here are this task's alone.
+                    unsafe {
+                        let (src, dst) = if direct {
+                            (
+                                c_slice::<T>(p, lin.base(lane), n),
+                                c_slice_mut::<T>(o, lout.base(lane), n),
+                            )
+                        } else {
+                            (None, None)
+                        };
+                        if let (Some(src), Some(dst)) = (src, dst) {
+                            softmax_row(src, dst);
+                        } else {
+                            buf.resize(n, T::C::ZERO);
+                            obuf.resize(n, T::C::ZERO);
+                            load_strided(p, lin.base(lane), lin.stride, &mut buf);
+                            softmax_row(&buf, &mut obuf);
+                            store_strided(o, lout.base(lane), lout.stride, &obuf);
+                        }
                     }
                 }
-            }
-        })
+            },
+        )
     });
     Ok(())
 }
@@ -172,36 +175,61 @@ fn max_and_finite<C: Real>(a: &[C]) -> (C, bool) {
 fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
     let (m, finite) = max_and_finite(src);
     if finite {
-        exp_sum_div(src, dst, |x| x.exp_diff(m));
+        exp_sum_div::<C, true>(src, dst, m);
     } else {
         // a NaN anywhere makes the sum NaN, hence every output NaN
-        exp_sum_div(src, dst, |x| exp_minus(x, m));
+        exp_sum_div::<C, false>(src, dst, m);
     }
 }
 
-/// `dst = f(src)`, then `dst /= sum(dst)`, the sum in f64 (exact for f32 terms up to 2^29 of
-/// them, so a long float32 row's sum is off by its final rounding only) in the fixed order of
-/// [`crate::common::ACC`].
+/// `e^(x - m)`: [`Real::exp_diff`] (`FINITE`: x and m finite) or [`exp_minus`]. (Plain
+/// functions, not closures: everything in the hot loop must inline into `with_simd`'s
+/// AVX2+FMA body, or `mul_add` becomes a libm call.)
 #[inline(always)]
-fn exp_sum_div<C: Real>(src: &[C], dst: &mut [C], f: impl Fn(C) -> C) {
-    let mut acc = [0.0f64; ACC];
-    let (cs, cd) = (src.chunks_exact(ACC), dst.chunks_exact_mut(ACC));
-    let rs = cs.remainder();
-    let mut cd = cd;
-    for (s, d) in cs.zip(&mut cd) {
+fn exp_of<C: Real, const FINITE: bool>(x: C, m: C) -> C {
+    if FINITE {
+        x.exp_diff(m)
+    } else {
+        exp_minus(x, m)
+    }
+}
+
+/// Elements per block of [`exp_sum_div`]'s sum: each of the [`ACC`] f32 partials adds 16
+/// terms, then goes into an f64 partial.
+const SUM_BLOCK: usize = 16 * ACC;
+
+/// `dst = e^(src - m)` (see [`exp_of`]), then `dst /= sum(dst)`. The sum has a fixed order (see
+/// [`crate::common::ACC`]): within each block of [`SUM_BLOCK`] elements, element `i` goes into
+/// compute-type partial `i % ACC`; each block's partials are added into f64 partials, which
+/// are added in a fixed tree. So no partial adds more than 16 terms in the compute type and a
+/// long float32 row's sum stays within a few ulps (with 16 float32 partials over the whole
+/// row, a 65536-element row was 14 ulps off), at the speed of the float32 loop.
+#[inline(always)]
+fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
+    let mut wide = [0.0f64; ACC];
+    for (sb, db) in src.chunks(SUM_BLOCK).zip(dst.chunks_mut(SUM_BLOCK)) {
+        let mut acc = [C::ZERO; ACC];
+        let (cs, cd) = (sb.chunks_exact(ACC), db.chunks_exact_mut(ACC));
+        let rs = cs.remainder();
+        let mut cd = cd;
+        for (s, d) in cs.zip(&mut cd) {
+            for j in 0..ACC {
+                let e = exp_of::<C, FINITE>(s[j], m);
+                d[j] = e;
+                acc[j] = acc[j] + e;
+            }
+        }
+        let rd = cd.into_remainder();
+        for j in 0..rs.len() {
+            let e = exp_of::<C, FINITE>(rs[j], m);
+            rd[j] = e;
+            acc[j] = acc[j] + e;
+        }
         for j in 0..ACC {
-            let e = f(s[j]);
-            d[j] = e;
-            acc[j] += e.to_f64();
+            wide[j] += acc[j].to_f64();
         }
     }
-    let rd = cd.into_remainder();
-    for j in 0..rs.len() {
-        let e = f(rs[j]);
-        rd[j] = e;
-        acc[j] += e.to_f64();
-    }
-    let sum = C::from_f64(tree_sum(acc));
+    let sum = C::from_f64(tree_sum(wide));
     for v in dst.iter_mut() {
         *v = *v / sum;
     }
