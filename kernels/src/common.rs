@@ -612,6 +612,32 @@ pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
     body()
 }
 
+/// Ask the CPU to start loading the first (at most 8 KiB) of the `n` elements at `p` into the
+/// cache: a hint with no effect on results, for the row a kernel reads next (hardware
+/// prefetchers stop at page boundaries, and a row of 1024 floats is one page).
+#[inline(always)]
+pub fn prefetch<T>(p: *const T, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = (n * std::mem::size_of::<T>()).min(8192);
+        let p = p as *const i8;
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults and changes no architectural state, whatever the
+            // address (wrapping_add keeps even the address computation free of UB); SSE is
+            // part of the x86-64 baseline.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(off),
+                )
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, n);
+}
+
 /// Elements per block of the flat elementwise path.
 const FLAT_BLOCK: usize = 64;
 

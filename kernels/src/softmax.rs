@@ -9,8 +9,8 @@
 
 use crate::common::{
     c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided,
-    out_ptr, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real, Scalar,
-    ACC,
+    out_ptr, prefetch, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real,
+    Scalar, ACC,
 };
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
@@ -108,6 +108,10 @@ where
                             (None, None)
                         };
                         if let (Some(src), Some(dst)) = (src, dst) {
+                            if lane + 1 < lin.count {
+                                // the next lane starts loading while this one computes
+                                prefetch(p.0.wrapping_offset(lin.base(lane + 1)), n);
+                            }
                             softmax_row(src, dst);
                         } else {
                             buf.resize(n, T::C::ZERO);
