@@ -18,8 +18,8 @@ import numpy as np
 
 # Input sizes. "quick" keeps CI's smoke run to seconds; "full" is what docs/benchmarks.md reports.
 SIZES = {
-    "quick": dict(tiny=8, big=1 << 16, rows=64, row_len=1024, conv=(1, 16, 28, 28, 16), sweep=[1 << 10, 1 << 14, 1 << 16]),
-    "full": dict(tiny=8, big=1 << 24, rows=16384, row_len=1024, conv=(1, 64, 56, 56, 64), sweep=[1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]),
+    "quick": dict(tiny=8, big=1 << 16, rows=64, row_len=1024, long=(4, 1 << 14), conv=(1, 16, 28, 28, 16), sweep=[1 << 10, 1 << 14, 1 << 16]),
+    "full": dict(tiny=8, big=1 << 24, rows=16384, row_len=1024, long=(64, 1 << 16), conv=(1, 64, 56, 56, 64), sweep=[1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]),
 }
 
 OPS = ["negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_norm", "topk", "conv2d", "nonzero"]
@@ -62,7 +62,13 @@ class Result:
         return self.work / seconds / 1e9
 
 
-def make_workloads(size: str) -> list[Workload]:
+def make_workloads(size: str, ops: list[str] | None = None) -> list[Workload]:
+    """The workloads of `size`; only those of `ops` when given (all ops otherwise)."""
+    w = _all_workloads(size)
+    return [x for x in w if ops is None or x.op in ops]
+
+
+def _all_workloads(size: str) -> list[Workload]:
     s = SIZES[size]
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -79,6 +85,8 @@ def make_workloads(size: str) -> list[Workload]:
         w.append(ew("relu", n, kind, label))
         w.append(ew("add_relu", n, kind, label, nin=2))
         w.append(ew("gelu", n, kind, label, attrs={"approximate": "none"}))
+        if kind == "throughput":
+            w.append(ew("gelu", n, kind, label + " tanh", attrs={"approximate": "tanh"}))
     # Row ops: tiny = one row of 8; big = rows x row_len.
     for kind, shape, label in [
         ("overhead", (1, s["tiny"]), f"1x{s['tiny']}"),
@@ -94,6 +102,9 @@ def make_workloads(size: str) -> list[Workload]:
         w.append(Workload("topk", kind, label + f" k={k}", [x], {"k": k, "axis": -1, "largest": True}, 4.0 * n, unit))
         xz = np.where(rng.random(shape) < 0.5, 0, x).astype(f32)
         w.append(Workload("nonzero", kind, label, [xz], {}, 4.0 * n, unit))
+    # Long rows: softmax over rows that no longer fit the L1/L2 caches.
+    x = rng.standard_normal(s["long"]).astype(f32)
+    w.append(Workload("softmax", "throughput", f"{s['long'][0]}x{s['long'][1]}", [x], {"axis": -1}, 8.0 * x.size, "GB/s"))
     # conv2d: overhead on a tiny 1x1x2x2 input, throughput on a ResNet-like 3x3 layer.
     xi = rng.standard_normal((1, 1, 4, 2)).astype(f32)
     wi = rng.standard_normal((1, 1, 1, 1)).astype(f32)

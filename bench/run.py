@@ -24,30 +24,33 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import Result, copy_bandwidth, make_workloads  # noqa: E402
+from common import OPS, Result, copy_bandwidth, make_workloads  # noqa: E402
 
 FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax"]
 MODULE = {"torch": "fw_torch", "tensorflow": "fw_tensorflow", "onnxruntime": "fw_onnxruntime", "jax": "fw_jax"}
 
 
-def child(framework: str, size: str, out: str) -> None:
+def child(framework: str, size: str, out: str, ops: list[str] | None) -> None:
     import importlib
 
     mod = importlib.import_module(MODULE[framework])
-    results = mod.run(make_workloads(size))
+    results = mod.run(make_workloads(size, ops))
     payload = {"results": [dataclasses.asdict(r) for r in results], "versions": mod.versions()}
     if framework == "torch":
         payload["copy_gbps_threads"] = mod.copy_bandwidth_threads()
     Path(out).write_text(json.dumps(payload))
 
 
-def collect(frameworks: list[str], size: str) -> tuple[list[Result], dict, dict]:
+def collect(frameworks: list[str], size: str, ops: list[str] | None) -> tuple[list[Result], dict, dict]:
     results, versions, extra, failures = [], {}, {}, {}
     for fw in frameworks:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
         print(f"== {fw}", flush=True)
-        proc = subprocess.run([sys.executable, __file__, "--child", fw, "--size", size, "--json", out])
+        cmd = [sys.executable, __file__, "--child", fw, "--size", size, "--json", out]
+        if ops:
+            cmd += ["--ops", ",".join(ops)]
+        proc = subprocess.run(cmd)
         if proc.returncode != 0:
             failures[fw] = f"exit code {proc.returncode}"
             continue
@@ -165,6 +168,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes for all frameworks)")
     ap.add_argument("--smoke", action="store_true", help="small sizes and very short timings: checks the harness (CI)")
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--ops", help="comma-separated ops to run (default: all); a partial run writes no docs unless --out is given")
     ap.add_argument("--out", help="markdown output (default docs/benchmarks.md for a full run, none for --quick)")
     ap.add_argument("--save", help="also save the raw results as JSON here")
     ap.add_argument("--merge", nargs="+", help="render docs from saved JSON files (no measuring)")
@@ -172,8 +176,13 @@ def main() -> int:
     ap.add_argument("--size")
     ap.add_argument("--json")
     args = ap.parse_args()
+    ops = args.ops.split(",") if args.ops else None
+    if ops:
+        unknown = sorted(set(ops) - set(OPS))
+        if unknown:
+            ap.error(f"unknown ops {unknown}; known: {', '.join(OPS)}")
     if args.child:
-        child(args.child, args.size, args.json)
+        child(args.child, args.size, args.json, ops)
         return 0
     if args.smoke:
         os.environ["POLYOP_BENCH_SMOKE"] = "1"  # inherited by the per-framework subprocesses
@@ -190,7 +199,7 @@ def main() -> int:
             copy_gbps = max(copy_gbps, d["copy_gbps"])
             size = d["size"]
     else:
-        results, versions, extra = collect(args.frameworks.split(","), size)
+        results, versions, extra = collect(args.frameworks.split(","), size, ops)
         copy_gbps = copy_bandwidth()
     if args.save:
         Path(args.save).write_text(
@@ -204,7 +213,7 @@ def main() -> int:
                 }
             )
         )
-    out = args.out or (None if (args.quick or args.smoke) else str(ROOT / "docs" / "benchmarks.md"))
+    out = args.out or (None if (args.quick or args.smoke or ops) else str(ROOT / "docs" / "benchmarks.md"))
     for r in results:
         print(f"{r.framework:12s} {r.op:9s} {r.kind:10s} {r.label:24s} ratio {r.ratio:5.2f}")
     if out:

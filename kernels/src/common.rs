@@ -94,12 +94,19 @@ num_int!(i64);
 /// libm / std (accurate to an ulp, scalar).
 pub trait Real: Num + num_traits::Float {
     fn from_f64(v: f64) -> Self;
+    /// `self` as f64 (exact).
+    fn to_f64(self) -> f64;
     /// e^x.
     fn exp_v(self) -> Self;
     /// x Phi(x) (exact gelu).
     fn gelu_erf(self) -> Self;
     /// d/dx x Phi(x) = Phi(x) + x phi(x).
     fn gelu_erf_grad(self) -> Self;
+    /// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (gelu's tanh form).
+    fn gelu_tanh(self) -> Self;
+    /// `e^(self - m)` for finite `self <= m` (softmax's fast path; see
+    /// [`crate::vmath::exp_diff_f32`] for f32, `exp_minus` in softmax.rs for f64).
+    fn exp_diff(self, m: Self) -> Self;
 }
 /// 1/sqrt(2 pi)
 const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
@@ -110,12 +117,24 @@ impl Real for f32 {
         v as f32
     }
     #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
     fn exp_v(self) -> Self {
         crate::vmath::exp_f32(self)
     }
     #[inline(always)]
     fn gelu_erf(self) -> Self {
-        self * crate::vmath::norm_cdf_f32(self)
+        crate::vmath::gelu_erf_f32(self)
+    }
+    #[inline(always)]
+    fn gelu_tanh(self) -> Self {
+        crate::vmath::gelu_tanh_f32(self)
+    }
+    #[inline(always)]
+    fn exp_diff(self, m: Self) -> Self {
+        crate::vmath::exp_diff_f32(self, m)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
@@ -129,6 +148,10 @@ impl Real for f64 {
         v
     }
     #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
     fn exp_v(self) -> Self {
         self.exp()
     }
@@ -137,6 +160,18 @@ impl Real for f64 {
         // Phi(x) = erfc(-x / sqrt 2) / 2: relative accuracy in the lower tail, where
         // 1 + erf(x / sqrt 2) cancels (issue 23)
         0.5 * self * libm::erfc(-self * std::f64::consts::FRAC_1_SQRT_2)
+    }
+    #[inline(always)]
+    fn exp_diff(self, m: Self) -> Self {
+        crate::softmax::exp_minus(self, m)
+    }
+    #[inline(always)]
+    fn gelu_tanh(self) -> Self {
+        // x / (1 + e^(-2u)) from e = e^(-2|u|), so neither sign of u cancels (issue 23)
+        let u = 0.797_884_560_802_865_4 * (self + 0.044715 * self * self * self);
+        let e = (-(u + u).abs()).exp();
+        let d = 1.0 + e;
+        self * if u >= 0.0 { 1.0 / d } else { e / d }
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
@@ -498,35 +533,109 @@ fn walk<const N: usize>(
     }
 }
 
-/// Whether the CPU has AVX2 (checked once; std caches the answer).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub fn has_avx2() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
+/// The instruction-set level the kernels' hot loops are compiled for, chosen at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// The target's baseline (SSE2 on x86-64); `mul_add` is a libm call here (slow, same bits).
+    Baseline,
+    /// AVX2 with FMA (x86-64 CPUs from 2013 on).
+    Avx2Fma,
 }
 
-/// Run `body` compiled with AVX2 enabled when the CPU has it, otherwise as is (SSE2 baseline
-/// on x86-64). (An AVX-512F version was tried: LLVM keeps 256-bit vectors for it and it was
-/// no faster.) Both versions are the same code: Rust never contracts `a * b + c` into an FMA,
-/// so results are bitwise identical whichever version runs. The kernels inside must be
-/// `#[inline(always)]` so they are compiled (and vectorised) for the wider registers.
+/// 0: no override; 1 + level: force that level (tests).
+static FORCED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Force the level [`with_simd`] uses (`None`: the best the CPU has), for tests that check
+/// every level gives the same bits. Process-wide; a level the CPU lacks is ignored. Results
+/// never depend on the level, so other code running meanwhile only changes speed.
+#[doc(hidden)]
+pub fn force_simd_level(level: Option<SimdLevel>) {
+    let v = match level {
+        None => 0,
+        Some(SimdLevel::Baseline) => 1,
+        Some(SimdLevel::Avx2Fma) => 2,
+    };
+    FORCED.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the CPU has AVX2 and FMA (checked once; std caches the answer).
+#[inline(always)]
+pub fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The level [`with_simd`] runs at now: the best the CPU has, unless a test forced a lower one.
+#[inline(always)]
+pub fn simd_level() -> SimdLevel {
+    let forced = FORCED.load(std::sync::atomic::Ordering::Relaxed);
+    if forced != 1 && has_avx2_fma() {
+        SimdLevel::Avx2Fma
+    } else {
+        SimdLevel::Baseline
+    }
+}
+
+/// Run `body` compiled with AVX2 and FMA enabled when the CPU has them, otherwise as is (SSE2
+/// baseline on x86-64). Both versions are the same code and give bitwise identical results:
+/// Rust never contracts `a * b + c` into an FMA, and where the kernels call `mul_add`
+/// themselves it is IEEE fusedMultiplyAdd, correctly rounded in both (a `vfmadd` instruction
+/// here, libm's `fmaf` in the baseline build). (An AVX-512F version was tried: LLVM keeps
+/// 256-bit vectors for it and it was no faster; the CI machines have no AVX-512.) The kernels
+/// inside must be `#[inline(always)]`, and so must the closure (`with_simd(#[inline(always)]
+/// || ...)`), so they are compiled (and vectorised) for the wider registers: a hot loop left
+/// outside is compiled for the baseline, where `mul_add` is a libm call (softmax ran 40x
+/// slower when LLVM stopped inlining its closure).
 #[inline(always)]
 pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         /// # Safety
-        /// The CPU must support AVX2.
-        #[target_feature(enable = "avx2")]
+        /// The CPU must support AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
         unsafe fn avx2<R>(body: impl FnOnce() -> R) -> R {
             body()
         }
-        if has_avx2() {
-            // SAFETY: calling a `#[target_feature(enable = "avx2")]` function is sound exactly
-            // when the CPU supports AVX2, which `has_avx2` just checked at run time.
+        if simd_level() == SimdLevel::Avx2Fma {
+            // SAFETY: calling a `#[target_feature(enable = "avx2,fma")]` function is sound
+            // exactly when the CPU supports AVX2 and FMA, which `simd_level` checked at run
+            // time (it never reports a level the CPU lacks).
             return unsafe { avx2(body) };
         }
     }
     body()
+}
+
+/// Ask the CPU to start loading the first (at most 8 KiB) of the `n` elements at `p` into the
+/// cache: a hint with no effect on results, for the row a kernel reads next (hardware
+/// prefetchers stop at page boundaries, and a row of 1024 floats is one page).
+#[inline(always)]
+pub fn prefetch<T>(p: *const T, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = (n * std::mem::size_of::<T>()).min(8192);
+        let p = p as *const i8;
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults and changes no architectural state, whatever the
+            // address (wrapping_add keeps even the address computation free of UB); SSE is
+            // part of the x86-64 baseline.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(off),
+                )
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, n);
 }
 
 /// Elements per block of the flat elementwise path.
@@ -652,7 +761,10 @@ pub fn zip_map<T: Scalar, const N: usize>(
             // has stride 1 (it reaches offsets `0..n`, so every index of `range` is one of its
             // elements) or stride 0 (a broadcast scalar: offset 0 is its only element). An
             // in-place input aliases the output with the same layout, as `flat_map` requires.
-            with_simd(|| unsafe { flat_map::<T, N>(ptrs, bcast, op, range, &f) })
+            with_simd(
+                #[inline(always)]
+                || unsafe { flat_map::<T, N>(ptrs, bcast, op, range, &f) },
+            )
         });
         return Ok(());
     }
@@ -790,24 +902,6 @@ pub fn sum_zip<C: Num>(a: &[C], b: &[C], f: impl Fn(C, C) -> C) -> C {
 #[inline(always)]
 pub fn sum_map<C: Num>(a: &[C], f: impl Fn(C) -> C) -> C {
     sum_zip(a, a, |x, _| f(x))
-}
-
-/// Maximum of a row (NaN elements are skipped; `-inf` for an empty row), vectorisable.
-#[inline(always)]
-pub fn max_of<C: Num + num_traits::Float>(a: &[C]) -> C {
-    let mut acc = [C::neg_infinity(); ACC];
-    let c = a.chunks_exact(ACC);
-    let r = c.remainder();
-    for x in c {
-        for j in 0..ACC {
-            acc[j] = if x[j] > acc[j] { x[j] } else { acc[j] };
-        }
-    }
-    for j in 0..r.len() {
-        acc[j] = if r[j] > acc[j] { r[j] } else { acc[j] };
-    }
-    acc.iter()
-        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m })
 }
 
 /// Contiguous slice of `n` elements at `p + off` as the compute type, when the storage type

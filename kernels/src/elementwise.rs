@@ -273,12 +273,10 @@ const GELU_C: f64 = 0.044715;
 
 #[inline(always)]
 fn gelu_c<C: Real>(x: C, tanh: bool) -> C {
+    // both forms avoid the cancellation of 1 + erf / 1 + tanh in the negative tail, which
+    // lost every digit of gelu's tiny negative values (issue 23); see `Real::gelu_tanh`
     if tanh {
-        // 0.5 x (1 + tanh u) = x s with s = 1 / (1 + e^(-2u)), evaluated from e = e^(-2|u|)
-        // so neither sign of u cancels: 1 + tanh u for u << 0 lost every digit of gelu's
-        // tiny negative tail (issue 23).
-        let u = C::from_f64(SQRT_2_OVER_PI) * (x + C::from_f64(GELU_C) * x * x * x);
-        x * gelu_tanh_parts(u).0
+        x.gelu_tanh()
     } else {
         x.gelu_erf()
     }

@@ -12,6 +12,8 @@ pub mod softmax;
 pub mod topk;
 pub mod vmath;
 
+pub use common::{force_simd_level, simd_level, SimdLevel};
+
 /// Every stock op (forward and backward), validated.
 pub fn registry() -> &'static Registry {
     static REG: OnceLock<Registry> = OnceLock::new();

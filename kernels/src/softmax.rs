@@ -8,9 +8,9 @@
 //! with f32 `exp` from `vmath`.
 
 use crate::common::{
-    c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided, max_of,
-    out_ptr, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real, Scalar,
-    ACC,
+    c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided,
+    out_ptr, prefetch, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real,
+    Scalar, ACC,
 };
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
@@ -87,36 +87,43 @@ where
     }
     let direct = lin.stride == 1 && lout.stride == 1;
     parallel_for(pool, lin.count, lane_grain(n), |range| {
-        with_simd(|| {
-            let mut buf = Vec::new();
-            let mut obuf = Vec::new();
-            for lane in range {
-                // SAFETY: x and the output have the same shape (checked above), so lane
-                // `lane < lin.count` has `n` elements in both, at offsets `base(lane) + j *
-                // stride` that each view's own shape and strides reach (the output is
-                // contiguous, `out_ptr` checked it). `parallel_for` gives each lane to one
-                // task, so the output elements written here are this task's alone.
-                unsafe {
-                    let (src, dst) = if direct {
-                        (
-                            c_slice::<T>(p, lin.base(lane), n),
-                            c_slice_mut::<T>(o, lout.base(lane), n),
-                        )
-                    } else {
-                        (None, None)
-                    };
-                    if let (Some(src), Some(dst)) = (src, dst) {
-                        softmax_row(src, dst);
-                    } else {
-                        buf.resize(n, T::C::ZERO);
-                        obuf.resize(n, T::C::ZERO);
-                        load_strided(p, lin.base(lane), lin.stride, &mut buf);
-                        softmax_row(&buf, &mut obuf);
-                        store_strided(o, lout.base(lane), lout.stride, &obuf);
+        with_simd(
+            #[inline(always)]
+            || {
+                let mut buf = Vec::new();
+                let mut obuf = Vec::new();
+                for lane in range {
+                    // SAFETY: x and the output have the same shape (checked above), so lane
+                    // `lane < lin.count` has `n` elements in both, at offsets `base(lane) + j *
+                    // stride` that each view's own shape and strides reach (the output is
+                    // contiguous, `out_ptr` checked it). `parallel_for` gives each lane to one
+                    // task, so the output elements written here are this task's alone.
+                    unsafe {
+                        let (src, dst) = if direct {
+                            (
+                                c_slice::<T>(p, lin.base(lane), n),
+                                c_slice_mut::<T>(o, lout.base(lane), n),
+                            )
+                        } else {
+                            (None, None)
+                        };
+                        if let (Some(src), Some(dst)) = (src, dst) {
+                            if lane + 1 < lin.count {
+                                // the next lane starts loading while this one computes
+                                prefetch(p.0.wrapping_offset(lin.base(lane + 1)), n);
+                            }
+                            softmax_row(src, dst);
+                        } else {
+                            buf.resize(n, T::C::ZERO);
+                            obuf.resize(n, T::C::ZERO);
+                            load_strided(p, lin.base(lane), lin.stride, &mut buf);
+                            softmax_row(&buf, &mut obuf);
+                            store_strided(o, lout.base(lane), lout.stride, &obuf);
+                        }
                     }
                 }
-            }
-        })
+            },
+        )
     });
     Ok(())
 }
@@ -129,7 +136,7 @@ where
 /// `d` is not finite (an infinite or NaN input) the correction is dropped, so those rows give
 /// what `e^(x - m)` gives.
 #[inline(always)]
-fn exp_minus<C: Real>(x: C, m: C) -> C {
+pub(crate) fn exp_minus<C: Real>(x: C, m: C) -> C {
     let d = x - m;
     let neg_m = C::ZERO - m;
     let bb = d - x;
@@ -139,30 +146,94 @@ fn exp_minus<C: Real>(x: C, m: C) -> C {
     e + e * err
 }
 
-/// `dst = softmax(src)`: max, then `exp(x - max)` stored and summed (fixed order, see
-/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes.
+/// The row's maximum (NaN skipped) and whether every element is finite.
 #[inline(always)]
-fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
-    let m = max_of(src);
-    // a NaN anywhere makes the sum NaN, hence every output NaN
-    let mut acc = [C::ZERO; ACC];
-    let (cs, cd) = (src.chunks_exact(ACC), dst.chunks_exact_mut(ACC));
-    let rs = cs.remainder();
-    let mut cd = cd;
-    for (s, d) in cs.zip(&mut cd) {
+fn max_and_finite<C: Real>(a: &[C]) -> (C, bool) {
+    let mut acc = [C::neg_infinity(); ACC];
+    // x * 0 is 0 for finite x and NaN for NaN and infinities
+    let mut probe = [C::ZERO; ACC];
+    let c = a.chunks_exact(ACC);
+    let r = c.remainder();
+    for x in c {
         for j in 0..ACC {
-            let e = exp_minus(s[j], m);
-            d[j] = e;
-            acc[j] = acc[j] + e;
+            acc[j] = if x[j] > acc[j] { x[j] } else { acc[j] };
+            probe[j] = probe[j] + x[j] * C::ZERO;
         }
     }
-    let rd = cd.into_remainder();
-    for j in 0..rs.len() {
-        let e = exp_minus(rs[j], m);
-        rd[j] = e;
-        acc[j] = acc[j] + e;
+    for j in 0..r.len() {
+        acc[j] = if r[j] > acc[j] { r[j] } else { acc[j] };
+        probe[j] = probe[j] + r[j] * C::ZERO;
     }
-    let sum = tree_sum(acc);
+    let m = acc
+        .iter()
+        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m });
+    (m, tree_sum(probe) == C::ZERO)
+}
+
+/// `dst = softmax(src)`: max, then `exp(x - max)` stored and summed (fixed order, see
+/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes. A row of finite
+/// numbers takes `Real::exp_diff` (for f32 the fast [`crate::vmath::exp_diff_f32`]); a row
+/// with an infinity or a NaN the general [`exp_minus`], which gives those rows' NaNs and
+/// zeros.
+#[inline(always)]
+fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
+    let (m, finite) = max_and_finite(src);
+    if finite {
+        exp_sum_div::<C, true>(src, dst, m);
+    } else {
+        // a NaN anywhere makes the sum NaN, hence every output NaN
+        exp_sum_div::<C, false>(src, dst, m);
+    }
+}
+
+/// `e^(x - m)`: [`Real::exp_diff`] (`FINITE`: x and m finite) or [`exp_minus`]. (Plain
+/// functions, not closures: everything in the hot loop must inline into `with_simd`'s
+/// AVX2+FMA body, or `mul_add` becomes a libm call.)
+#[inline(always)]
+fn exp_of<C: Real, const FINITE: bool>(x: C, m: C) -> C {
+    if FINITE {
+        x.exp_diff(m)
+    } else {
+        exp_minus(x, m)
+    }
+}
+
+/// Elements per block of [`exp_sum_div`]'s sum: each of the [`ACC`] f32 partials adds 16
+/// terms, then goes into an f64 partial.
+const SUM_BLOCK: usize = 16 * ACC;
+
+/// `dst = e^(src - m)` (see [`exp_of`]), then `dst /= sum(dst)`. The sum has a fixed order (see
+/// [`crate::common::ACC`]): within each block of [`SUM_BLOCK`] elements, element `i` goes into
+/// compute-type partial `i % ACC`; each block's partials are added into f64 partials, which
+/// are added in a fixed tree. So no partial adds more than 16 terms in the compute type and a
+/// long float32 row's sum stays within a few ulps (with 16 float32 partials over the whole
+/// row, a 65536-element row was 14 ulps off), at the speed of the float32 loop.
+#[inline(always)]
+fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
+    let mut wide = [0.0f64; ACC];
+    for (sb, db) in src.chunks(SUM_BLOCK).zip(dst.chunks_mut(SUM_BLOCK)) {
+        let mut acc = [C::ZERO; ACC];
+        let (cs, cd) = (sb.chunks_exact(ACC), db.chunks_exact_mut(ACC));
+        let rs = cs.remainder();
+        let mut cd = cd;
+        for (s, d) in cs.zip(&mut cd) {
+            for j in 0..ACC {
+                let e = exp_of::<C, FINITE>(s[j], m);
+                d[j] = e;
+                acc[j] = acc[j] + e;
+            }
+        }
+        let rd = cd.into_remainder();
+        for j in 0..rs.len() {
+            let e = exp_of::<C, FINITE>(rs[j], m);
+            rd[j] = e;
+            acc[j] = acc[j] + e;
+        }
+        for j in 0..ACC {
+            wide[j] += acc[j].to_f64();
+        }
+    }
+    let sum = C::from_f64(tree_sum(wide));
     for v in dst.iter_mut() {
         *v = *v / sum;
     }

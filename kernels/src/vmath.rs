@@ -1,13 +1,15 @@
-//! Branch-free f32 `exp`, `tanh` and normal CDF that the compiler vectorises over slices.
+//! Branch-free f32 `exp`, `tanh`, normal CDF and gelu that the compiler vectorises over slices.
 //!
 //! libm's `expf`/`tanhf`/`erff` are scalar calls with branches, so loops over them stay scalar.
 //! These are straight-line code (range reduction, a polynomial, selects instead of branches),
-//! so a loop that calls them becomes SIMD code. They use only `+ - * /`, comparisons and bit
-//! operations (never `mul_add`), so the SSE2 and AVX2 builds of a loop give bitwise identical
-//! results. Accuracy (checked against f64 over dense sweeps in the tests below): `exp_f32`
-//! within 2 ulp, `tanh_f32` within 3 ulp, `norm_cdf_f32` within 6 ulp (relative 4e-7; the
-//! lower tail included), over their whole ranges including subnormal results; NaN in gives
-//! NaN out, infinities give the limits.
+//! so a loop that calls them becomes SIMD code. They use only `+ - * /`, `mul_add` (IEEE
+//! fusedMultiplyAdd: one rounding, the same bits from a `vfmadd` instruction and from libm's
+//! software `fmaf`), comparisons and bit operations, so the baseline (SSE2) and AVX2+FMA builds
+//! of a loop give bitwise identical results (see [`crate::common::with_simd`]). Accuracy
+//! (checked against f64 over dense sweeps in the tests below): `exp_f32` within 2 ulp,
+//! `tanh_f32` within 3 ulp, `norm_cdf_f32` within 6 ulp (relative 4e-7; the lower tail
+//! included), `gelu_erf_f32` and `gelu_tanh_f32` within 4 ulp over the whole f32 range,
+//! subnormal results included; NaN in gives NaN out, infinities give the limits.
 
 // Coefficients are written as published or fitted; each rounds to the nearest f32.
 #![allow(clippy::excessive_precision, clippy::approx_constant)]
@@ -20,30 +22,38 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// held in the low mantissa bits.
 const MAGIC: f32 = 12_582_912.0;
 
-/// `exp(x + lo)` where `lo` is a small correction to `x` (0 for plain exp): Cephes' expf
-/// polynomial after reduction by the nearest multiple of ln 2, scaled by 2^n in two steps
-/// so gradual underflow and overflow round once.
+/// `exp(x + lo) = p * s1 * s2` where `lo` is a small correction to `x` (0 for plain exp):
+/// Cephes' expf polynomial after reduction by the nearest multiple of ln 2; the power of two
+/// comes in two normal halves `s1`, `s2` so that gradual underflow and overflow round once,
+/// and a caller can multiply its own factor into `p` before scaling (one rounding in the
+/// subnormal range instead of two).
 #[inline(always)]
-fn exp_parts(x: f32, lo: f32) -> f32 {
+fn exp_split(x: f32, lo: f32) -> (f32, f32, f32) {
     // (NaN passes through clamp)
     let x = x.clamp(-110.0, 89.0);
     let k = x * LOG2E + MAGIC;
     let n = k - MAGIC;
     let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
-    let r = (x - n * LN2_HI) - n * LN2_LO + lo;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x)) + lo;
     let r2 = r * r;
-    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
-        * r
-        + 1.666_666_5e-1)
-        * r
-        + 5.000_000_1e-1)
-        * r2
-        + r
-        + 1.0;
+    let p = 1.987_569_1e-4f32
+        .mul_add(r, 1.398_199_9e-3)
+        .mul_add(r, 8.333_452e-3)
+        .mul_add(r, 4.166_579_6e-2)
+        .mul_add(r, 1.666_666_5e-1)
+        .mul_add(r, 5.000_000_1e-1);
+    let p = p.mul_add(r2, r) + 1.0;
     // n in [-159, 129]: both halves are normal powers of two
     let h = ni >> 1;
     let s1 = f32::from_bits((h.wrapping_add(127) as u32) << 23);
     let s2 = f32::from_bits((ni.wrapping_sub(h).wrapping_add(127) as u32) << 23);
+    (p, s1, s2)
+}
+
+/// `exp(x + lo)` where `lo` is a small correction to `x` (see [`exp_split`]).
+#[inline(always)]
+pub(crate) fn exp_parts(x: f32, lo: f32) -> f32 {
+    let (p, s1, s2) = exp_split(x, lo);
     p * s1 * s2
 }
 
@@ -51,6 +61,41 @@ fn exp_parts(x: f32, lo: f32) -> f32 {
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     exp_parts(x, 0.0)
+}
+
+/// `e^(x - m)` for softmax: `x` and `m` finite, `x <= m` (m is the row's maximum). `x - m` is
+/// taken exactly (Knuth's two-sum `d + err`; `err` enters the reduced argument), then the
+/// usual reduction by the nearest multiple of ln 2, a degree-6 polynomial (relative error
+/// 1e-8) and the power of two in two normal halves, so subnormal results (gradual underflow)
+/// round once; below e^-104 the result is 0. Within 1.5 ulp (tests below), subnormal results
+/// included.
+#[inline(always)]
+pub fn exp_diff_f32(x: f32, m: f32) -> f32 {
+    let d = x - m;
+    let bb = d - x;
+    let err = (x - (d - bb)) + (-m - bb);
+    // (d is -inf only when x - m overflows; the select below gives 0 there)
+    let dc = d.max(-105.0);
+    let k = dc.mul_add(LOG2E, MAGIC);
+    let n = k - MAGIC;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, dc)) + err;
+    let p = 1.390_120_4e-3f32
+        .mul_add(r, 8.363_11e-3)
+        .mul_add(r, 4.166_685_4e-2)
+        .mul_add(r, 1.666_657_8e-1)
+        .mul_add(r, 0.5);
+    let p = (p * r).mul_add(r, r) + 1.0;
+    // n in [-152, 0]: both halves are normal powers of two
+    let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let h = ni >> 1;
+    let s1 = f32::from_bits((h.wrapping_add(127) as u32) << 23);
+    let s2 = f32::from_bits((ni.wrapping_sub(h).wrapping_add(127) as u32) << 23);
+    let y = p * s1 * s2;
+    if d > -104.0 {
+        y
+    } else {
+        0.0
+    }
 }
 
 /// tanh(x): an odd polynomial (Cephes' tanhf) for |x| < 0.625, else 1 - 2 / (e^{2|x|} + 1)
@@ -127,6 +172,112 @@ pub fn norm_cdf_f32(x: f32) -> f32 {
     }
 }
 
+/// 1 / (2 sqrt 2) rounded to f32: the erfc fit of [`gelu_erf_f32`] is in
+/// `t = 1 / (1 + ERFC_C |x|)` with exactly this constant, so no rounding of `|x| / sqrt 2`
+/// enters the fit's argument.
+const ERFC_C: f32 = 0.353_553_38;
+
+/// erfc(|x| / sqrt 2) = R(t) * pe * s1 * s2 (R in f64) for |x| in [1/sqrt 2, 14.6] (see [`gelu_erf_f32`]).
+#[inline(always)]
+fn erfc_parts(xc: f32) -> (f64, f32, f32, f32) {
+    let a = xc.abs();
+    // t = 1 / (1 + ERFC_C a) to about half an ulp: d + dl = 1 + ERFC_C a exactly (1 - d is
+    // exact for d in [1.25, 6.2]), then one Newton step on the rounded quotient
+    let d = a.mul_add(ERFC_C, 1.0);
+    let dl = a.mul_add(ERFC_C, 1.0 - d);
+    let t0 = 1.0 / d;
+    let t = t0.mul_add((-d).mul_add(t0, 1.0) - dl * t0, t0);
+    // in f64: R's Horner rounding would otherwise add 2 ulp (coefficients fitted in f64)
+    let r = (-0.073_884_795_532_044_23f64)
+        .mul_add(t as f64, 0.349_021_236_685_508)
+        .mul_add(t as f64, -0.606_945_360_480_709_7)
+        .mul_add(t as f64, 0.402_286_222_189_749_2)
+        .mul_add(t as f64, -0.105_557_680_198_004_31)
+        .mul_add(t as f64, 0.234_402_597_455_771_4)
+        .mul_add(t as f64, 0.235_080_778_525_337_04)
+        .mul_add(t as f64, 0.283_602_484_448_857_2)
+        .mul_add(t as f64, 0.281_983_764_986_707_8)
+        .mul_add(t as f64, 3.567_746_612_311_022_3e-6);
+    let q = xc * xc;
+    let ql = xc.mul_add(xc, -q);
+    let (pe, s1, s2) = exp_split(-0.5 * q, -0.5 * ql);
+    (r, pe, s1, s2)
+}
+
+/// gelu(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), within 4 ulp over the whole f32 range.
+///
+/// For |x| < 1/sqrt 2: `0.5 x + 0.5 x * x P(x^2)`, P a relative-minimax fit of
+/// erf(x / sqrt 2) / x (degree 5 in x^2, 3e-8). Otherwise from erfc(|x| / sqrt 2) =
+/// e^(-x^2/2) R(t), t = 1 / (1 + ERFC_C |x|), R a relative-minimax fit of erfcx (degree 9,
+/// 1.6e-9, evaluated in f64): `x - 0.5 x erfc` for x > 0, and `0.5 x erfc` for x < 0,
+/// never `1 + erf` (which cancels in the negative tail). `-x^2/2` goes into exp exactly (x^2
+/// as a rounded square plus its FMA remainder), and the power of two of e^(-x^2/2) is applied
+/// last so a subnormal result rounds once. Beyond |x| = 14.6 the tail is below the smallest
+/// subnormal: -0 for x < -14.6 (-inf included), x itself for x > 14.6.
+#[inline(always)]
+pub fn gelu_erf_f32(x: f32) -> f32 {
+    let x2 = x * x;
+    let p = (-1.699_885_8e-5f32)
+        .mul_add(x2, 2.298_230_7e-4)
+        .mul_add(x2, -2.374_386_6e-3)
+        .mul_add(x2, 1.994_708_2e-2)
+        .mul_add(x2, -1.329_807_6e-1)
+        .mul_add(x2, 7.978_845_8e-1);
+    let hx = 0.5 * x;
+    // 0.5 x (1 + erf) has the sign of x (also for -0.0, which the FMA would make +0.0)
+    let small = (x * p).mul_add(hx, hx).copysign(x);
+    let xc = x.clamp(-14.6, 14.6);
+    let (r, pe, s1, s2) = erfc_parts(xc);
+    // 0.5 x erfc(|x| / sqrt 2)
+    let e = ((0.5 * xc) as f64 * r * pe as f64) as f32 * s1 * s2;
+    if x.abs() < std::f32::consts::FRAC_1_SQRT_2 {
+        small
+    } else if x > 0.0 {
+        x - e
+    } else {
+        e
+    }
+}
+
+/// 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715, each as an f32 pair hi + lo.
+const GT_A: (f32, f32) = (1.595_769_2, -4.534_068e-8);
+const GT_B: (f32, f32) = (7.135_481_4e-2, 2.398_832_5e-9);
+
+/// gelu's tanh form, 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), within 4 ulp over
+/// the whole f32 range.
+///
+/// 0.5 (1 + tanh u) = 1 / (1 + e^(-w)), w = 2u: `x / (1 + e)` for x >= 0 and
+/// `x e / (1 + e)` for x < 0 with e = e^(-|w|), so neither sign cancels. e^(-|w|) amplifies an
+/// error in w by |w| (up to ~100 before the result underflows), so w = x (A + B x^2) is carried
+/// as a pair of f32 (hi + lo, error-free products and sums with FMA); the power of two of e is
+/// applied last in the negative tail so a subnormal result rounds once. |x| is clamped at 20,
+/// where the result is x itself or -0.
+#[inline(always)]
+pub fn gelu_tanh_f32(x: f32) -> f32 {
+    let xc = x.clamp(-20.0, 20.0);
+    let x2 = xc * xc;
+    let x2l = xc.mul_add(xc, -x2);
+    // B x^2 = bh + bl
+    let bh = GT_B.0 * x2;
+    let bl = GT_B.0.mul_add(x2, -bh) + GT_B.0.mul_add(x2l, GT_B.1 * x2);
+    // A + B x^2 = qh + ql (two-sum)
+    let qh = GT_A.0 + bh;
+    let bb = qh - GT_A.0;
+    let ql = ((GT_A.0 - (qh - bb)) + (bh - bb)) + (GT_A.1 + bl);
+    // w = x (A + B x^2) = wh + wl
+    let wh = xc * qh;
+    let wl = xc.mul_add(qh, -wh) + xc * ql;
+    let pos = wh >= 0.0;
+    let (nh, nl) = if pos { (-wh, -wl) } else { (wh, wl) };
+    let (pe, s1, s2) = exp_split(nh, nl);
+    let d = 1.0 + pe * s1 * s2;
+    if pos {
+        x / d
+    } else {
+        (xc * pe / d) * s1 * s2
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +338,37 @@ mod tests {
     }
 
     #[test]
+    fn exp_diff_within_1_5_ulp() {
+        // e^(x - m) against f64 over dense x for a few maxima, the difference large and small,
+        // subnormal results included
+        for m in [0.0f32, 1.0, -3.5, 80.0, 1e4, -1e4, 3e38] {
+            let mut worst = (0.0, 0.0);
+            sweep(-1e38, 3e38, 1009, |x| {
+                if x > m {
+                    return;
+                }
+                let got = exp_diff_f32(x, m);
+                let want = (x as f64 - m as f64).exp();
+                let u = ulps(got, want);
+                if u > worst.0 {
+                    worst = (u, x);
+                }
+            });
+            assert!(
+                worst.0 <= 1.5,
+                "e^(x - {m}): {} ulp at x = {}",
+                worst.0,
+                worst.1
+            );
+        }
+        assert_eq!(exp_diff_f32(2.0, 2.0), 1.0);
+        assert_eq!(exp_diff_f32(-3e38, 3e38), 0.0);
+        // gradual underflow: e^-100 = 3.7e-44 is a subnormal, not 0
+        let (g, w) = (exp_diff_f32(-100.0, 0.0), (-100f64).exp());
+        assert!(g > 0.0 && ulps(g, w) <= 0.5, "e^-100 = {g:e}");
+    }
+
+    #[test]
     fn tanh_within_3_ulp() {
         let (u, x) = max_ulps(-20.0, 20.0, 101, tanh_f32, f64::tanh);
         assert!(u <= 3.0, "tanh: {u} ulp at {x}");
@@ -233,6 +415,93 @@ mod tests {
         assert!(norm_cdf_f32(f32::NAN).is_nan());
     }
 
+    /// gelu in f64, from libm's erfc (independent of this module): x Phi(x) with
+    /// Phi(x) = erfc(-x / sqrt 2) / 2, relative accuracy in the negative tail.
+    fn gelu_erf_ref(x: f64) -> f64 {
+        0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
+    }
+
+    /// gelu's tanh form in f64: x / (1 + e^(-2u)), evaluated without cancellation.
+    fn gelu_tanh_ref(x: f64) -> f64 {
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+        if u >= 0.0 {
+            x / (1.0 + (-2.0 * u).exp())
+        } else {
+            let e = (2.0 * u).exp();
+            x * e / (1.0 + e)
+        }
+    }
+
+    /// Max ulp error of `f` against `r` over every f32 whose bit pattern is a multiple of
+    /// `step` (both signs, zeros, subnormals, infinities; NaN patterns must give NaN).
+    fn whole_range(step: u32, f: impl Fn(f32) -> f32, r: impl Fn(f64) -> f64) -> (f64, f32) {
+        let mut worst = (0.0, 0.0);
+        for bits in (0..=u32::MAX).step_by(step as usize) {
+            let x = f32::from_bits(bits);
+            let got = f(x);
+            if x.is_nan() {
+                assert!(got.is_nan(), "NaN in, {got} out");
+                continue;
+            }
+            let want = r(x as f64);
+            if x.is_infinite() {
+                continue; // limits are checked by hand
+            }
+            let u = ulps(got, want);
+            if u > worst.0 {
+                worst = (u, x);
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn gelu_erf_within_4_ulp_over_the_f32_range() {
+        // 2^32 / 509 = 8.4M inputs spread over every binade, plus a dense sweep of the range
+        // where gelu is neither x nor 0
+        let (u, x) = whole_range(509, gelu_erf_f32, gelu_erf_ref);
+        assert!(u <= 4.0, "gelu erf: {u} ulp at {x:e}");
+        let (u, x) = max_ulps(-15.0, 15.0, 101, gelu_erf_f32, gelu_erf_ref);
+        assert!(u <= 4.0, "gelu erf: {u} ulp at {x:e}");
+        eprintln!("gelu erf: max {u} ulp (at {x:e})");
+        assert_eq!(gelu_erf_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(gelu_erf_f32(f32::MAX), f32::MAX);
+        assert_eq!(gelu_erf_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(gelu_erf_f32(0.0).to_bits(), 0);
+        assert_eq!(gelu_erf_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(gelu_erf_f32(f32::NAN).is_nan());
+        // the negative tail is tiny, not zero, down to the subnormals: -13 is normal
+        // (-7.9e-38), -14 subnormal (-1.1e-43, about 80 times the smallest subnormal)
+        for x in [-10.0f32, -13.0, -13.5, -14.0, -14.2] {
+            let (g, w) = (gelu_erf_f32(x), gelu_erf_ref(x as f64));
+            assert!(g < 0.0 && (w as f32) < 0.0, "gelu({x}) = {g}, want {w:e}");
+            assert!(ulps(g, w) <= 4.0, "gelu({x}) = {g:e}, want {w:e}");
+        }
+        assert_eq!(gelu_erf_f32(-15.0), 0.0, "below the smallest subnormal");
+    }
+
+    #[test]
+    fn gelu_tanh_within_4_ulp_over_the_f32_range() {
+        let (u, x) = whole_range(509, gelu_tanh_f32, gelu_tanh_ref);
+        assert!(u <= 4.0, "gelu tanh: {u} ulp at {x:e}");
+        let (u, x) = max_ulps(-12.0, 12.0, 101, gelu_tanh_f32, gelu_tanh_ref);
+        assert!(u <= 4.0, "gelu tanh: {u} ulp at {x:e}");
+        eprintln!("gelu tanh: max {u} ulp (at {x:e})");
+        assert_eq!(gelu_tanh_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(gelu_tanh_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(gelu_tanh_f32(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(gelu_tanh_f32(f32::NAN).is_nan());
+        // tiny, not zero: -9 gives -1.3e-28, -10.5 a subnormal
+        for x in [-9.0f32, -10.0, -10.5] {
+            let (g, w) = (gelu_tanh_f32(x), gelu_tanh_ref(x as f64));
+            assert!(
+                g < 0.0 && (w as f32) < 0.0,
+                "gelu tanh({x}) = {g}, want {w:e}"
+            );
+            assert!(ulps(g, w) <= 4.0, "gelu tanh({x}) = {g:e}, want {w:e}");
+        }
+    }
+
     #[test]
     fn same_bits_in_vector_loops() {
         // A loop (vectorised, AVX2 when available) gives the same bits as single calls.
@@ -240,13 +509,18 @@ mod tests {
         let mut v = vec![0.0f32; xs.len()];
         crate::common::with_simd(|| {
             for (o, &x) in v.iter_mut().zip(&xs) {
-                *o = exp_f32(x) + tanh_f32(x) + norm_cdf_f32(x);
+                *o = exp_f32(x) + tanh_f32(x) + norm_cdf_f32(x) + gelu_erf_f32(x)
+                    - gelu_tanh_f32(x)
+                    + exp_diff_f32(x, 21.5);
             }
         });
         for (o, &x) in v.iter().zip(&xs) {
             let s = std::hint::black_box(exp_f32(std::hint::black_box(x)))
                 + tanh_f32(std::hint::black_box(x))
-                + norm_cdf_f32(std::hint::black_box(x));
+                + norm_cdf_f32(std::hint::black_box(x))
+                + gelu_erf_f32(std::hint::black_box(x))
+                - gelu_tanh_f32(std::hint::black_box(x))
+                + exp_diff_f32(std::hint::black_box(x), 21.5);
             assert_eq!(o.to_bits(), s.to_bits(), "x = {x}");
         }
     }
