@@ -194,6 +194,12 @@ def test_every_stock_op_forward_and_backward(program, tmp_path):
         if diff:  # an incoming gradient for every float output (None for topk's indices)
             dy = [rng.standard_normal(o.shape).astype(ins[0].dtype) if o.dtype.kind == "f" else None for o in outs]
             call["grads"] = [sp.t(d) for d in dy]
+            # and through torch's autograd: float inputs require grad, the program runs
+            # backward() on sum_k sum(out_k * dy_k) (tch's mul/sum) and reads each input's .grad
+            call["autograd_grads"] = call["grads"]
+            for i, a in enumerate(ins):
+                if a.dtype.kind == "f":
+                    call["inputs"][i] = dict(call["inputs"][i], requires_grad=True)
         calls.append(call)
         dys.append(dy)
     got = _run(program, tmp_path, {"calls": calls})
@@ -224,19 +230,21 @@ def test_every_stock_op_forward_and_backward(program, tmp_path):
                 assert np.all(np.abs(a - w) <= bound), (name, np.max(np.abs(a - w) / bound))
         if not diff:
             continue
-        g = res["input_grads"]
         fd = _fd_grads(ref, x64, [None if d is None else d.astype(np.float64) for d in dy])
-        for i, (gi, fi) in enumerate(zip(g, fd)):
-            assert gi is not None, (name, i)
-            a = _arr(gi)
-            # the float32 backward kernel vs float64 central differences (truncation ~h^2 =
-            # 1e-12, cancellation ~1e-16/h = 1e-10, which bounds the float64 case): the
-            # kernel's rounding, a few ulps of the largest term (2 seen)
-            ulp = 2.0**-52 if f64 else F32_ULP
-            tol = 16 * ulp * max(1.0, np.abs(fi).max()) + (1e-9 if f64 else 0)
-            np.testing.assert_allclose(a, fi, rtol=0, atol=tol, err_msg=f"{name} grad {i}")
-            n_grads += 1
-    assert n_grads >= 20
+        assert "error" not in res["autograd"], (name, res["autograd"])
+        # Library::backward (the backward op called directly) and torch's autograd
+        for how, g in (("Library::backward", res["input_grads"]), ("autograd", res["autograd"]["input_grads"])):
+            for i, (gi, fi) in enumerate(zip(g, fd)):
+                assert gi is not None, (name, how, i)
+                a = _arr(gi)
+                # the float32 backward kernel vs float64 central differences (truncation ~h^2 =
+                # 1e-12, cancellation ~1e-16/h = 1e-10, which bounds the float64 case): the
+                # kernel's rounding, a few ulps of the largest term (2 seen)
+                ulp = 2.0**-52 if f64 else F32_ULP
+                tol = 16 * ulp * max(1.0, np.abs(fi).max()) + (1e-9 if f64 else 0)
+                np.testing.assert_allclose(a, fi, rtol=0, atol=tol, err_msg=f"{name} {how} grad {i}")
+                n_grads += 1
+    assert n_grads >= 40
 
 
 def test_bad_calls_are_errors_and_the_next_call_works(program, tmp_path):
@@ -250,7 +258,12 @@ def test_bad_calls_are_errors_and_the_next_call_works(program, tmp_path):
         {"op": "topk", "inputs": [sp.t(x)], "attrs": {"k": "two"}},                   # attr type
         {"op": "softmax", "inputs": [sp.t(x)], "attrs": {"dim": 0}},                  # unknown attr
         {"op": "nonzero", "inputs": [sp.t(x)], "attrs": {}, "grads": [None]},         # no gradient
-        {"op": "relu", "inputs": [dict(sp.t(x), requires_grad=True)], "attrs": {}},   # autograd
+        {"op": "relu_", "inputs": [dict(sp.t(x), requires_grad=True)], "attrs": {}},  # in-place
+        # inside a grad-recording graph: a bad forward call, and a second backward() through
+        # freed saved tensors (an error raised by polyop's graph node)
+        {"op": "topk", "inputs": [dict(sp.t(x), requires_grad=True)], "attrs": {"k": 9}},
+        {"op": "gelu", "inputs": [dict(sp.t(x), requires_grad=True)], "attrs": {},
+         "autograd_grads": [sp.t(x)], "backward_twice": True},
         {"op": "negate", "inputs": [sp.t(x)], "attrs": {}},                           # still works
     ]
     got = _run(program, tmp_path, {"calls": calls})["calls"]
@@ -262,9 +275,13 @@ def test_bad_calls_are_errors_and_the_next_call_works(program, tmp_path):
     assert errs[4] == "polyop.topk: attribute 'k' must be int, got a str", errs[4]
     assert errs[5] == "polyop.softmax: unknown attribute 'dim'", errs[5]
     assert got[6]["grad_error"] == "polyop.nonzero: this op has no gradient (it declares no backward op)"
-    assert got[7]["error"].startswith("polyop.relu: input 0 requires grad, but torch autograd does not "
-                                      "reach polyop ops called from Rust"), got[7]
-    np.testing.assert_array_equal(_arr(got[8]["outputs"][0]), -x)
+    assert got[7]["error"] == ("polyop.relu_: input 0 requires grad, but this in-place op records no "
+                               "autograd graph; pass a detached tensor"), got[7]
+    assert "polyop.topk: k=9 is out of range for axis 1 of size 4" in got[8]["error"], got[8]
+    ag = got[9]["autograd"]
+    assert ag["input_grads"][0] is not None, ag
+    assert "polyop.gelu: trying to backward through the graph a second time" in ag["second_error"], ag
+    np.testing.assert_array_equal(_arr(got[10]["outputs"][0]), -x)
 
 
 # ------------------------------------------------------------------------------------------
@@ -303,7 +320,10 @@ def _grads(params, x, t, eps):
     return [x.T @ da, da.sum(0), dgamma, dw2]
 
 
-def test_training_a_small_model_in_rust(program, tmp_path):
+@pytest.mark.parametrize("autograd", [False, True], ids=["chain-rule-by-hand", "torch-autograd"])
+def test_training_a_small_model_in_rust(program, tmp_path, autograd):
+    """Gradients by `Library::backward` and a chain rule written in Rust, or by torch's
+    autograd (`loss.backward()` through tch's matmul/sub/mul/sum and polyop's ops)."""
     rng = np.random.default_rng(5)
     B, I, H, O = 8, 4, 6, 3
     x = rng.standard_normal((B, I)).astype(np.float32)
@@ -313,7 +333,8 @@ def test_training_a_small_model_in_rust(program, tmp_path):
     lr, steps, eps = 0.5, 30, 1e-5
     sp = Spec(tmp_path)
     train = {"x": sp.t(x), "t": sp.t(t), "w1": sp.t(params[0]), "b1": sp.t(params[1]),
-             "gamma": sp.t(params[2]), "w2": sp.t(params[3]), "lr": lr, "steps": steps, "eps": eps}
+             "gamma": sp.t(params[2]), "w2": sp.t(params[3]), "lr": lr, "steps": steps, "eps": eps,
+             "autograd": autograd}
     got = _run(program, tmp_path, {"calls": [], "train": train})["train"]
     losses = np.asarray(got["losses"])
     assert len(losses) == steps + 1
@@ -394,7 +415,8 @@ def test_an_authors_library(program, tmp_path):
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_handle_ownership_under_valgrind(program, tmp_path):
     """Tensors, optional tensors (absent and present), strings, ints, bools and results, on
-    successful and failing calls, through `Library::call` and `Library::backward`: no invalid
+    successful and failing calls, through `Library::call`, `Library::backward` and torch's
+    autograd (graph nodes, saved tensors, a failing second backward): no invalid
     or mismatched free (a handle released twice) and no definitely lost block but torch's own
     (the library registration, and 32 bytes per str argument that torch 2.13's `to_ivalue`
     allocates in `torch_call_dispatcher` and never frees). About 45 s."""
@@ -410,8 +432,15 @@ def test_handle_ownership_under_valgrind(program, tmp_path):
         {"op": "rms_norm", "inputs": [sp.t(x.astype(np.int32)), sp.t(w)], "attrs": {}},      # fails
         {"op": "gelu", "inputs": [sp.t(x)], "attrs": {"approximate": "cubic"}},               # fails
         {"op": "relu_", "inputs": [sp.t(x)], "attrs": {}},
+        # torch's autograd: graph nodes, saved inputs/outputs, the backward ops they call
+        {"op": "gelu", "inputs": [dict(sp.t(x), requires_grad=True)], "attrs": {"approximate": "tanh"},
+         "autograd_grads": [sp.t(x)]},
+        {"op": "rms_norm", "inputs": [dict(sp.t(x), requires_grad=True), dict(sp.t(w), requires_grad=True)],
+         "attrs": {}, "autograd_grads": [sp.t(x)]},
+        {"op": "softmax", "inputs": [dict(sp.t(x), requires_grad=True)], "attrs": {},
+         "autograd_grads": [sp.t(x)], "backward_twice": True},
     ]
-    n_str_args = 3  # gelu, its gelu_backward, the failing gelu
+    n_str_args = 4  # gelu, its gelu_backward, the failing gelu, the autograd gelu
     (tmp_path / "spec.json").write_text(json.dumps({"calls": calls}))
     log = tmp_path / "memcheck.log"
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
@@ -420,7 +449,9 @@ def test_handle_ownership_under_valgrind(program, tmp_path):
                        capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])["calls"]
-    assert [("error" in r) for r in res] == [False] * 4 + [True] * 3 + [False], res
+    assert [("error" in r) for r in res] == [False] * 4 + [True] * 3 + [False] * 4, res
+    assert all(g is not None for r in res[8:] for g in r["autograd"]["input_grads"]), res[8:]
+    assert "polyop.softmax: trying to backward" in res[10]["autograd"]["second_error"], res[10]
     text = log.read_text()
     assert "Invalid " not in text and "Mismatched free" not in text, text[-6000:]
     # each record: its "N bytes in M blocks are definitely lost" line and the stack lines

@@ -16,12 +16,18 @@
 //! Nothing here names an op: the schema (argument order, attribute types, defaults) and the
 //! backward wiring come from the library's `polyop_library_info` JSON.
 //!
-//! **Autograd**: polyop's autograd kernels are registered by the Python glue
-//! (`polyop.torch.load`, `torch.library.register_autograd`); in a pure-Rust process they do
-//! not exist, and the stable C shim offers no way to build an autograd graph node. So ops
-//! called here do not record a graph; [`Library::backward`] computes an op's input gradients
-//! by calling the backward op its metadata names (the same kernel torch's autograd would
-//! call), for a chain rule written by the caller.
+//! **Autograd**: torch's own. [`Library::load`] registers, for every op that does not mutate
+//! its input, a kernel at the op's Autograd dispatch key (`src/autograd.cpp`, compiled against
+//! the libtorch C++ API tch links). Called on tensors that require grad (with grad mode on), an
+//! op records a graph node, so `loss.backward()` / `Tensor::run_backward` reach polyop ops
+//! like tch's built-in ones; the node calls the backward op the op's metadata names, with the
+//! grads, saved inputs/outputs and forward attributes it lists, as `polyop.torch`'s
+//! `register_autograd` glue does in Python. Backward through an op that declares no backward
+//! op is an error naming it. In-place ops (`relu_`) record nothing and refuse inputs that
+//! require grad. [`Library::backward`] computes the same gradients for one op directly.
+//!
+//! That glue is C++ against torch's unstable C++ API, so it is tied to the torch version tch
+//! pins (2.13), unlike the polyop library itself, which uses only torch's stable ABI.
 //!
 //! Arguments go on the dispatcher's boxed stack as torch's stable ABI encodes them
 //! (`torch/csrc/stable/stableivalue_conversions.h`): a tensor as a new owning
@@ -76,6 +82,24 @@ mod ffi {
             extension_build_version: u64,
         ) -> AOTITorchError;
         pub fn torch_exception_get_what_without_backtrace() -> *const c_char;
+    }
+
+    // src/autograd.cpp
+    extern "C" {
+        #[allow(clippy::too_many_arguments)]
+        pub fn polyop_tch_register_autograd(
+            ns: *const c_char,
+            label: *const c_char,
+            name: *const c_char,
+            bwd_name: *const c_char,
+            bwd_kinds: *const i32,
+            bwd_index: *const u64,
+            n_bwd_inputs: usize,
+            bwd_outputs: *const u64,
+            n_bwd_outputs: usize,
+            err: *mut c_char,
+            err_len: usize,
+        ) -> i32;
     }
 }
 
@@ -166,6 +190,8 @@ struct Op {
     args: Vec<Arg>,
     num_outputs: usize,
     info: Value,
+    /// Has an Autograd-key kernel (every op but the in-place ones).
+    autograd: bool,
 }
 
 /// A loaded polyop torch library: its ops registered in this process's torch dispatcher.
@@ -482,6 +508,7 @@ impl Op {
                 qualified,
                 args,
                 num_outputs,
+                autograd: info["flags"]["inplace"] != true,
                 info: info.clone(),
             },
         ))
@@ -543,12 +570,71 @@ impl Library {
             let (name, op) = Op::from_info(&namespace, o)?;
             ops.insert(name, op);
         }
-        Ok(Library {
+        let lib = Library {
             namespace,
             label,
             ops,
             info,
-        })
+        };
+        for (name, op) in &lib.ops {
+            if op.autograd {
+                lib.register_autograd(name, op)?;
+            }
+        }
+        Ok(lib)
+    }
+
+    /// Register op `name`'s Autograd-key kernel (`src/autograd.cpp`) with its backward wiring
+    /// from the metadata (none: backward through it fails naming the op).
+    fn register_autograd(&self, name: &str, op: &Op) -> Result<()> {
+        let err = |m: String| Error(format!("{}.{name}: autograd registration: {m}", self.label));
+        let cstr = |s: &str| CString::new(s).map_err(|_| err(format!("bad name {s:?}")));
+        let bwd = &op.info["backward"];
+        let bad = || err(format!("bad backward metadata {bwd}"));
+        let (mut kinds, mut index, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
+        let bwd_name = if bwd.is_null() {
+            None
+        } else {
+            for e in bwd["inputs"].as_array().ok_or_else(bad)? {
+                kinds.push(match e[0].as_str() {
+                    Some("grad") => 0,
+                    Some("input") => 1,
+                    Some("output") => 2,
+                    _ => return Err(bad()),
+                });
+                index.push(e[1].as_u64().ok_or_else(bad)?);
+            }
+            for o in bwd["outputs"].as_array().ok_or_else(bad)? {
+                outputs.push(o.as_u64().ok_or_else(bad)?);
+            }
+            Some(cstr(bwd["op"].as_str().ok_or_else(bad)?)?)
+        };
+        let (ns, label, cname) = (cstr(&self.namespace)?, cstr(&self.label)?, cstr(name)?);
+        let mut msg = vec![0 as c_char; 1024];
+        // SAFETY: every pointer is valid for the call (NUL-terminated strings, arrays of the
+        // lengths passed, a writable message buffer of `msg.len()` bytes); the C++ side copies
+        // what it keeps and catches every exception.
+        let rc = unsafe {
+            ffi::polyop_tch_register_autograd(
+                ns.as_ptr(),
+                label.as_ptr(),
+                cname.as_ptr(),
+                bwd_name.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                kinds.as_ptr(),
+                index.as_ptr(),
+                kinds.len(),
+                outputs.as_ptr(),
+                outputs.len(),
+                msg.as_mut_ptr(),
+                msg.len(),
+            )
+        };
+        if rc != 0 {
+            // SAFETY: on failure the C++ side wrote a NUL-terminated message into `msg`.
+            let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
+            return Err(err(m.to_string_lossy().into_owned()));
+        }
+        Ok(())
     }
 
     /// The torch namespace of the ops (`polyop` for the stock library).
@@ -651,18 +737,18 @@ impl Library {
                 inputs.len()
             )));
         }
-        // torch's autograd cannot see through these ops in a pure-Rust process (no autograd
-        // kernel is registered: backward() would pass through them with a warning and no
-        // gradient), so a tensor that asks for one is refused rather than silently dropped.
-        if let Some(i) = inputs
-            .iter()
-            .position(|t| t.is_some_and(Tensor::requires_grad))
-        {
-            return Err(err(format!(
-                "input {i} requires grad, but torch autograd does not reach polyop ops called \
-                 from Rust; pass a detached tensor and compute gradients with \
-                 polyop_tch::Library::backward"
-            )));
+        // In-place ops get no autograd kernel (torch refuses autograd for ops that mutate, as
+        // `polyop.torch` does): an input that asks for a gradient is refused, not dropped.
+        if !op.autograd {
+            if let Some(i) = inputs
+                .iter()
+                .position(|t| t.is_some_and(Tensor::requires_grad))
+            {
+                return Err(err(format!(
+                    "input {i} requires grad, but this in-place op records no autograd graph; \
+                     pass a detached tensor"
+                )));
+            }
         }
         let mut stack = Stack {
             values: Vec::with_capacity(op.args.len().max(op.num_outputs)),

@@ -7,17 +7,20 @@
 //!
 //! `spec.json`:
 //! - `"calls"`: `[{"op": name, "inputs": [tensor | null, ...], "attrs": {...},
-//!   "grads": [tensor | null, ...]?}]`, a tensor being `{"file": path, "shape": [...],
+//!   "grads": [tensor | null, ...]?, "autograd_grads": [tensor | null, ...]?,
+//!   "backward_twice": bool?}]`, a tensor being `{"file": path, "shape": [...],
 //!   "dtype": "float32" | "float64" | "int32" | "int64", "transpose": [d0, d1]?,
 //!   "requires_grad": bool?}` (raw little-endian C-order data; `transpose` makes the input a
-//!   strided view). Each call gives
-//!   `{"outputs": [...]}` (and with `grads`, `{"input_grads": [... | null]}` from
-//!   [`polyop_tch::Library::backward`]) or `{"error": message}`; later calls go on.
+//!   strided view). Each call gives `{"outputs": [...]}` (with `grads`,
+//!   `{"input_grads": [... | null]}` from [`polyop_tch::Library::backward`]; with
+//!   `autograd_grads`, `{"autograd": {"input_grads": [...]}}` from torch's autograd, see
+//!   `autograd_grads`) or `{"error": message}`; later calls go on.
 //! - `"train"` (optional): `{"x", "t", "w1", "b1", "gamma", "w2": tensor, "lr": float,
-//!   "steps": int, "eps": float}`: the model `p = softmax(rms_norm(gelu(x W1 + b1, "tanh"),
-//!   gamma, eps) W2)` with loss `sum((p - t)^2) / batch`, trained by plain gradient descent,
-//!   gradients by the chain rule over [`polyop_tch::Library::backward`]. Gives the loss per
-//!   step, the gradients at the initial parameters and the final parameters.
+//!   "steps": int, "eps": float, "autograd": bool?}`: the model `p = softmax(rms_norm(gelu(x
+//!   W1 + b1, "tanh"), gamma, eps) W2)` with loss `sum((p - t)^2) / batch`, trained by plain
+//!   gradient descent, gradients by torch's autograd (`autograd`: `loss.backward()`) or by the
+//!   chain rule over [`polyop_tch::Library::backward`]. Gives the loss per step, the gradients
+//!   at the initial parameters and the final parameters.
 //!
 //! Prints one JSON line: `{"calls": [...], "train": {...}}`; a tensor is
 //! `{"dtype", "shape", "data"}` (floats as f64, ints as i64).
@@ -47,18 +50,19 @@ fn read_tensor(v: &Value) -> Result<Tensor> {
         bail!("{file}: {} bytes for shape {shape:?}", bytes.len());
     }
     let t = Tensor::from_data_size(&bytes, &shape, kind);
-    let t = if v["requires_grad"] == true {
-        t.set_requires_grad(true)
-    } else {
-        t
-    };
-    Ok(match v.get("transpose") {
+    let t = match v.get("transpose") {
         Some(d) => {
             let d: [i64; 2] = serde_json::from_value(d.clone())?;
             // a strided view of the same data: the caller wrote the transposed layout
             t.reshape(transposed(&shape, d)).transpose(d[0], d[1])
         }
         None => t,
+    };
+    // a leaf that asks for its gradient (`.grad()` after `backward()`)
+    Ok(if v["requires_grad"] == true {
+        t.set_requires_grad(true)
+    } else {
+        t
     })
 }
 
@@ -71,7 +75,7 @@ fn transposed(shape: &[i64], d: [i64; 2]) -> Vec<i64> {
 
 fn write_tensor(t: &Tensor) -> Result<Value> {
     let shape = t.size();
-    let flat = t.contiguous().view([-1]);
+    let flat = t.detach().contiguous().view([-1]);
     let data = match t.kind() {
         Kind::Int | Kind::Int64 => json!(Vec::<i64>::try_from(&flat.to_kind(Kind::Int64))?),
         _ => json!(Vec::<f64>::try_from(&flat.to_kind(Kind::Double))?),
@@ -132,6 +136,9 @@ fn one_call(ops: &Library, c: &Value) -> Result<Value> {
         "outputs".into(),
         Value::Array(outputs.iter().map(write_tensor).collect::<Result<_>>()?),
     );
+    if c.get("autograd_grads").is_some() {
+        r.insert("autograd".into(), autograd_grads(c, &inputs, &outputs)?);
+    }
     if c.get("grads").is_some() {
         let grads = opt_tensors(&c["grads"])?;
         let grefs: Vec<Option<&Tensor>> = grads.iter().map(Option::as_ref).collect();
@@ -149,6 +156,44 @@ fn one_call(ops: &Library, c: &Value) -> Result<Value> {
         }
     }
     Ok(Value::Object(r))
+}
+
+/// torch's autograd through one polyop op: `loss = sum_k sum(outputs[k] * dys[k])` with tch's
+/// own `mul`/`sum` (float64), `loss.backward()`, and each input's `.grad()` (null where the
+/// input does not require grad). With `"backward_twice"` (`loss = sum_k sum(outputs[k])`), a
+/// second `backward()` without retained graph, whose error (raised by polyop's graph node) is
+/// returned as `second_error`.
+fn autograd_grads(c: &Value, inputs: &[Option<Tensor>], outputs: &[Tensor]) -> Result<Value> {
+    let dys = opt_tensors(&c["autograd_grads"])?;
+    let twice = c["backward_twice"] == true;
+    let terms = outputs.iter().zip(&dys).filter_map(|(o, dy)| match dy {
+        // `sum` saves no tensor: the second backward() reaches polyop's node first
+        Some(_) if twice => Some(o.sum(Kind::Double)),
+        Some(dy) => Some((o * dy).sum(Kind::Double)),
+        None => None,
+    });
+    let loss = terms.fold(
+        Tensor::zeros([], (Kind::Double, tch::Device::Cpu)),
+        |l, t| l + t,
+    );
+    if let Err(e) = loss.f_backward() {
+        return Ok(json!({"error": e.to_string()}));
+    }
+    let grads: Vec<Value> = inputs
+        .iter()
+        .map(|t| match t {
+            Some(t) if t.requires_grad() && t.grad().defined() => write_tensor(&t.grad()),
+            _ => Ok(Value::Null),
+        })
+        .collect::<Result<_>>()?;
+    let mut r = json!({ "input_grads": grads });
+    if twice {
+        r["second_error"] = match loss.f_backward() {
+            Ok(()) => Value::Null,
+            Err(e) => json!(e.to_string()),
+        };
+    }
+    Ok(r)
 }
 
 /// The model's parameters.
@@ -218,7 +263,45 @@ fn loss_and_grads(
     ))
 }
 
+/// Loss and gradients as [`loss_and_grads`], by torch's autograd: the same forward on
+/// parameters that require grad, `loss.backward()` through tch's ops and polyop's, and the
+/// parameters' `.grad()`.
+fn loss_and_grads_autograd(
+    ops: &Library,
+    x: &Tensor,
+    t: &Tensor,
+    p: &Params,
+    eps: f64,
+) -> Result<(f64, [Tensor; 4])> {
+    let batch = x.size()[0] as f64;
+    let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
+    let (w1, b1, gamma, w2) = (leaf(&p.w1), leaf(&p.b1), leaf(&p.gamma), leaf(&p.w2));
+    let tanh = || ("approximate", Attr::from("tanh"));
+    let a = ops.call1("add", &[Some(&x.matmul(&w1)), Some(&b1)], &[])?;
+    let g = ops.call1("gelu", &[Some(&a)], &[tanh()])?;
+    let n = ops.call1(
+        "rms_norm",
+        &[Some(&g), Some(&gamma)],
+        &[("eps", Attr::Float(eps))],
+    )?;
+    let y = ops.call1(
+        "softmax",
+        &[Some(&n.matmul(&w2))],
+        &[("axis", Attr::Int(-1))],
+    )?;
+    let diff = &y - t;
+    let loss = (&diff * &diff).sum(Kind::Float) / batch;
+    loss.f_backward()?;
+    let value = f64::try_from((&diff * &diff).detach().sum(Kind::Double))? / batch;
+    Ok((value, [w1.grad(), b1.grad(), gamma.grad(), w2.grad()]))
+}
+
 fn train(ops: &Library, s: &Value) -> Result<Value> {
+    let step = if s["autograd"] == true {
+        loss_and_grads_autograd
+    } else {
+        loss_and_grads
+    };
     let x = read_tensor(&s["x"])?;
     let t = read_tensor(&s["t"])?;
     let mut p = Params {
@@ -233,12 +316,13 @@ fn train(ops: &Library, s: &Value) -> Result<Value> {
     let mut losses = Vec::new();
     let mut first_grads = None;
     for _ in 0..steps {
-        let (loss, g) = loss_and_grads(ops, &x, &t, &p, eps)?;
+        let (loss, g) = step(ops, &x, &t, &p, eps)?;
         losses.push(loss);
         if first_grads.is_none() {
             first_grads = Some(g.iter().map(write_tensor).collect::<Result<Vec<_>>>()?);
         }
         // plain gradient descent, in float32 like the parameters
+        let _no_grad = tch::no_grad_guard();
         p = Params {
             w1: &p.w1 - &g[0] * lr,
             b1: &p.b1 - &g[1] * lr,
@@ -246,7 +330,7 @@ fn train(ops: &Library, s: &Value) -> Result<Value> {
             w2: &p.w2 - &g[3] * lr,
         };
     }
-    let (final_loss, _) = loss_and_grads(ops, &x, &t, &p, eps)?;
+    let (final_loss, _) = step(ops, &x, &t, &p, eps)?;
     losses.push(final_loss);
     Ok(json!({
         "losses": losses,
