@@ -27,6 +27,8 @@ unsafe extern "C" fn trampoline(ctx: *mut c_void, i: usize) {
 impl ThreadPool for OrtPool {
     fn run(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         run_c_job(num_tasks, f, |ctx| {
+            // num_batch = 0: onnxruntime's TrySimpleParallelFor, one call per task index, on
+            // the session's intra-op pool (inline when the pool has one thread).
             // SAFETY: the kernel context is live for the compute call that made `self`;
             // `trampoline` only reads the job behind `ctx`, which outlives this (blocking) call.
             let st = unsafe {

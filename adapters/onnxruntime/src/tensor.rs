@@ -28,12 +28,13 @@ pub fn onnx_type_name(t: ET) -> String {
 
 /// An element type the adapter cannot hand to a kernel, as a polyop error.
 pub fn unsupported_type(op: &OpDef, i: usize, t: ET) -> Error {
+    // A node input past the schema's is named by its position.
     let name = op
         .schema
         .tensor_args()
         .nth(i)
-        .map_or("?", |a| a.name.as_str());
-    op.unsupported_dtype(name, &onnx_type_name(t))
+        .map_or_else(|| i.to_string(), |a| a.name.clone());
+    op.unsupported_dtype(&name, &onnx_type_name(t))
 }
 
 /// The node's inputs as views (`None` for an absent optional input).
