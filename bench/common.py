@@ -62,10 +62,10 @@ class Result:
         return self.work / seconds / 1e9
 
 
-def make_workloads(size: str, ops: list[str] | None = None) -> list[Workload]:
-    """The workloads of `size`; only those of `ops` when given (all ops otherwise)."""
+def make_workloads(size: str, ops: list[str] | None = None, kinds: list[str] | None = None) -> list[Workload]:
+    """The workloads of `size`; only those of `ops` and of `kinds` when given (all otherwise)."""
     w = _all_workloads(size)
-    return [x for x in w if ops is None or x.op in ops]
+    return [x for x in w if (ops is None or x.op in ops) and (kinds is None or x.kind in kinds)]
 
 
 def _all_workloads(size: str) -> list[Workload]:

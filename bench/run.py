@@ -26,22 +26,25 @@ sys.path.insert(0, str(HERE))
 
 from common import OPS, Result, copy_bandwidth, make_workloads  # noqa: E402
 
+KINDS = {"overhead", "throughput", "sweep"}
 FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax"]
 MODULE = {"torch": "fw_torch", "tensorflow": "fw_tensorflow", "onnxruntime": "fw_onnxruntime", "jax": "fw_jax"}
 
 
-def child(framework: str, size: str, out: str, ops: list[str] | None) -> None:
+def child(framework: str, size: str, out: str, ops: list[str] | None, kinds: list[str] | None) -> None:
     import importlib
 
     mod = importlib.import_module(MODULE[framework])
-    results = mod.run(make_workloads(size, ops))
+    results = mod.run(make_workloads(size, ops, kinds))
     payload = {"results": [dataclasses.asdict(r) for r in results], "versions": mod.versions()}
     if framework == "torch":
         payload["copy_gbps_threads"] = mod.copy_bandwidth_threads()
     Path(out).write_text(json.dumps(payload))
 
 
-def collect(frameworks: list[str], size: str, ops: list[str] | None) -> tuple[list[Result], dict, dict]:
+def collect(
+    frameworks: list[str], size: str, ops: list[str] | None, kinds: list[str] | None
+) -> tuple[list[Result], dict, dict]:
     results, versions, extra, failures = [], {}, {}, {}
     for fw in frameworks:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
@@ -50,6 +53,8 @@ def collect(frameworks: list[str], size: str, ops: list[str] | None) -> tuple[li
         cmd = [sys.executable, __file__, "--child", fw, "--size", size, "--json", out]
         if ops:
             cmd += ["--ops", ",".join(ops)]
+        if kinds:
+            cmd += ["--kinds", ",".join(kinds)]
         proc = subprocess.run(cmd)
         if proc.returncode != 0:
             failures[fw] = f"exit code {proc.returncode}"
@@ -169,6 +174,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="small sizes and very short timings: checks the harness (CI)")
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     ap.add_argument("--ops", help="comma-separated ops to run (default: all); a partial run writes no docs unless --out is given")
+    ap.add_argument("--kinds", help="comma-separated workload kinds (overhead, throughput, sweep; default: all); like --ops")
     ap.add_argument("--out", help="markdown output (default docs/benchmarks.md for a full run, none for --quick)")
     ap.add_argument("--save", help="also save the raw results as JSON here")
     ap.add_argument("--merge", nargs="+", help="render docs from saved JSON files (no measuring)")
@@ -181,8 +187,11 @@ def main() -> int:
         unknown = sorted(set(ops) - set(OPS))
         if unknown:
             ap.error(f"unknown ops {unknown}; known: {', '.join(OPS)}")
+    kinds = args.kinds.split(",") if args.kinds else None
+    if kinds and set(kinds) - KINDS:
+        ap.error(f"unknown kinds {sorted(set(kinds) - KINDS)}; known: {', '.join(sorted(KINDS))}")
     if args.child:
-        child(args.child, args.size, args.json, ops)
+        child(args.child, args.size, args.json, ops, kinds)
         return 0
     if args.smoke:
         os.environ["POLYOP_BENCH_SMOKE"] = "1"  # inherited by the per-framework subprocesses
@@ -199,7 +208,7 @@ def main() -> int:
             copy_gbps = max(copy_gbps, d["copy_gbps"])
             size = d["size"]
     else:
-        results, versions, extra = collect(args.frameworks.split(","), size, ops)
+        results, versions, extra = collect(args.frameworks.split(","), size, ops, kinds)
         copy_gbps = copy_bandwidth()
     if args.save:
         Path(args.save).write_text(
@@ -213,7 +222,7 @@ def main() -> int:
                 }
             )
         )
-    out = args.out or (None if (args.quick or args.smoke or ops) else str(ROOT / "docs" / "benchmarks.md"))
+    out = args.out or (None if (args.quick or args.smoke or ops or kinds) else str(ROOT / "docs" / "benchmarks.md"))
     for r in results:
         print(f"{r.framework:12s} {r.op:9s} {r.kind:10s} {r.label:24s} ratio {r.ratio:5.2f}")
     if out:

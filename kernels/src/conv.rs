@@ -12,8 +12,8 @@ use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel_for, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
-    TensorRef,
+    parallel_for, BwdInput, Dim, Error, Factor, InferCtx, KernelCtx, OpDef, Registry, Result,
+    ShapeOut, ShardCtx, ShardingRule, TensorRef,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -34,6 +34,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             ],
             &[0, 1, 2],
         )
+        .sharding(conv_sharding)
         .build()?,
     )?;
     r.register(
@@ -44,9 +45,62 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .infer(conv2d_backward_infer)
         .cpu(conv2d_backward_cpu)
         .backward_only()
+        .sharding(conv_backward_sharding)
         .build()?,
     )?;
     Ok(())
+}
+
+/// conv2d's factors: the batch `n` is split (images are independent); the output channels
+/// `o` are split when `groups` is 1 (each output channel reads every input channel); the
+/// input channels and the spatial dims (windows overlap) are whole. `tensors` names, per
+/// input and then per output, which of `n`, `c`, `o` its first two dims are (`b` for a bias
+/// or bias gradient: one dim, `o`). A gradient without `n` (or without `o`) is summed over it,
+/// which is what splitting gives (kernel_core::sharding).
+fn conv_rule(ctx: &ShardCtx, tensors: &[&str]) -> Result<ShardingRule> {
+    let groups = ctx.attrs.int("groups").unwrap_or(1);
+    let mut r = ShardingRule::default();
+    let n = r.factor(Factor::Split);
+    let o = r.factor(if groups == 1 {
+        Factor::Split
+    } else {
+        Factor::Whole
+    });
+    let c = r.factor(Factor::Whole);
+    let ranks: Vec<Option<usize>> = (0..ctx.inputs.len())
+        .map(|i| ctx.input_rank(i))
+        .chain(ctx.outputs.iter().map(|s| s.rank()))
+        .collect();
+    let mut maps = Vec::with_capacity(ranks.len());
+    for (rank, t) in ranks.into_iter().zip(tensors) {
+        maps.push(rank.map(|rank| match (*t, rank) {
+            ("b", 1) => vec![o],
+            (t, 4) => {
+                let head = |ch: u8| match ch {
+                    b'n' => n,
+                    b'o' => o,
+                    _ => c,
+                };
+                let mut m = vec![head(t.as_bytes()[0]), head(t.as_bytes()[1])];
+                m.extend(r.factors(Factor::Whole, 2));
+                m
+            }
+            (_, rank) => r.factors(Factor::Whole, rank),
+        }));
+    }
+    r.outputs = maps.split_off(ctx.inputs.len());
+    r.inputs = maps;
+    Ok(r)
+}
+
+fn conv_sharding(ctx: &ShardCtx) -> Result<ShardingRule> {
+    // input, weight, bias -> output
+    conv_rule(ctx, &["nc", "oc", "b", "no"])
+}
+
+fn conv_backward_sharding(ctx: &ShardCtx) -> Result<ShardingRule> {
+    // grad, input, weight, bias -> grad_input, grad_weight, grad_bias
+    conv_rule(ctx, &["no", "nc", "oc", "b", "nc", "oc", "b"])
 }
 
 /// The output shape of conv2d from (possibly unknown) input/weight/bias dims; validates

@@ -12,7 +12,8 @@ use crate::common::{
 };
 use kernel_core::{
     broadcast_dims, fmt_dims, numel, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx,
-    OpDef, OwnedTensor, Registry, Result, ShapeOut, TensorMut, TensorRef, ThreadPool,
+    OpDef, OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule, TensorMut, TensorRef,
+    ThreadPool,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -23,6 +24,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(same_shape)
             .cpu(negate_cpu)
             .backward("negate", &[BwdInput::Grad(0)], &[0])
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -36,6 +38,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
                 &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
                 &[0, 1],
             )
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -47,6 +50,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .infer(add_backward_infer)
         .cpu(add_backward_cpu)
         .backward_only()
+        .sharding(broadcast_backward)
         .build()?,
     )?;
     r.register(
@@ -56,6 +60,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(same_shape)
             .cpu(scale_cpu)
             .backward("scale", &[BwdInput::Grad(0)], &[0])
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -69,6 +74,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
                 &[BwdInput::Grad(0), BwdInput::Input(0)],
                 &[0],
             )
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -78,6 +84,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(relu_backward_infer)
             .cpu(relu_backward_cpu)
             .backward_only()
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -87,6 +94,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(same_shape)
             .cpu(relu_cpu)
             .inplace()
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -100,6 +108,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
                 &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
                 &[0, 1],
             )
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -111,6 +120,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .infer(add_backward_infer)
         .cpu(add_relu_backward_cpu)
         .backward_only()
+        .sharding(broadcast_backward)
         .build()?,
     )?;
     r.register(
@@ -124,6 +134,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
                 &[BwdInput::Grad(0), BwdInput::Input(0)],
                 &[0],
             )
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     r.register(
@@ -133,6 +144,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(gelu_backward_infer)
             .cpu(gelu_backward_cpu)
             .backward_only()
+            .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
     Ok(())
@@ -160,6 +172,18 @@ fn add_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
         )
     })?;
     Ok(vec![ctx.input(1).shape.clone(), ctx.input(2).shape.clone()])
+}
+
+/// The backward of a broadcasting binary op: `grad` (input 0) has the broadcast shape; each
+/// gradient has its input's factors, so the dims an input broadcast along are summed over
+/// (a partial sum per shard when split, see `kernel_core::sharding`).
+fn broadcast_backward(ctx: &ShardCtx) -> Result<ShardingRule> {
+    let Some(full) = ctx.inputs[0].as_ref().and_then(|g| g.shape.as_deref()) else {
+        return Ok(ShardingRule::replicated(ctx));
+    };
+    let mut r = ShardingRule::broadcast_over(ctx, full);
+    r.outputs = vec![r.inputs[1].clone(), r.inputs[2].clone()];
+    Ok(r)
 }
 
 /// `grad` must have the shape of `x` (input 1); the output has x's shape.

@@ -15,8 +15,8 @@ use crate::common::{
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
-    TensorRef,
+    normalize_axis, parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry,
+    Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
 };
 use num_traits::Float as _;
 
@@ -31,6 +31,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
                 &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
                 &[0, 1],
             )
+            .sharding(norm_sharding)
             .build()?,
     )?;
     r.register(
@@ -41,6 +42,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .infer(rms_norm_backward_infer)
         .cpu(rms_norm_backward_cpu)
         .backward_only()
+        .sharding(norm_backward_sharding)
         .build()?,
     )?;
     Ok(())
@@ -95,6 +97,36 @@ fn rms_norm_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
         ctx.input(1).shape.clone(),
         Some(vec![n.unwrap_or(Dim::Unknown)]),
     ])
+}
+
+/// rms_norm's factors: the dims of `x` (input `xi`) before `axis` are split (rows are
+/// independent), the normalised dims from `axis` on are whole; the weight and `grad_weight`
+/// have those whole dims. Tensors shaped like `x` share its factors.
+fn norm_rule(ctx: &ShardCtx, xi: usize) -> Result<ShardingRule> {
+    let Some(rank) = ctx.input_rank(xi) else {
+        return Ok(ShardingRule::replicated(ctx));
+    };
+    // (an op without an `axis` attribute normalises over the last dim)
+    let axis = normalize_axis(ctx.attrs.int("axis").unwrap_or(-1), rank)?.min(rank);
+    let mut r = ShardingRule::aligned(ctx, rank, &(axis..rank).collect::<Vec<_>>());
+    let tail: Vec<usize> = r.inputs[xi]
+        .as_ref()
+        .map_or(Vec::new(), |x| x[axis..].to_vec());
+    let tail_rank = Some(tail.len());
+    for m in r.inputs.iter_mut().chain(r.outputs.iter_mut()) {
+        if m.as_ref().map(Vec::len) == tail_rank && tail_rank != Some(rank) {
+            *m = Some(tail.clone());
+        }
+    }
+    Ok(r)
+}
+
+fn norm_sharding(ctx: &ShardCtx) -> Result<ShardingRule> {
+    norm_rule(ctx, 0)
+}
+
+fn norm_backward_sharding(ctx: &ShardCtx) -> Result<ShardingRule> {
+    norm_rule(ctx, 1)
 }
 
 /// The weight (or ones) in the compute type.

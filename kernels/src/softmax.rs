@@ -16,6 +16,7 @@ use crate::elementwise::req;
 use kernel_core::fmt_dims;
 use kernel_core::{
     normalize_axis, parallel_for, BwdInput, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
+    ShardingRule,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -30,6 +31,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
                 &[BwdInput::Grad(0), BwdInput::Output(0)],
                 &[0],
             )
+            .sharding(ShardingRule::whole_axes)
             .build()?,
     )?;
     r.register(
@@ -39,6 +41,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(softmax_backward_infer)
             .cpu(softmax_backward_cpu)
             .backward_only()
+            .sharding(ShardingRule::whole_axes)
             .build()?,
     )?;
     Ok(())

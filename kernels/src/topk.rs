@@ -15,7 +15,7 @@ use crate::common::{
 use crate::elementwise::req;
 use kernel_core::{
     fmt_dims, normalize_axis, parallel_for, BwdInput, DType, Dim, Error, InferCtx, KernelCtx,
-    OpDef, Registry, Result, ShapeOut,
+    OpDef, Registry, Result, ShapeOut, ShardingRule,
 };
 use std::cmp::Ordering;
 
@@ -36,6 +36,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             &[0],
         )
         .onnx_name("TopK")
+        .sharding(ShardingRule::whole_axes)
         .build()?,
     )?;
     r.register(
@@ -49,6 +50,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .infer(topk_backward_infer)
         .cpu(topk_backward_cpu)
         .backward_only()
+        .sharding(ShardingRule::whole_axes)
         .build()?,
     )?;
     Ok(())

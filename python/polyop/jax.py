@@ -65,7 +65,7 @@ from jax import custom_batching  # noqa: E402
 
 import polyop  # noqa: E402
 
-from . import _shapes  # noqa: E402
+from . import _sharding, _shapes  # noqa: E402
 from ._library import Loaded, axis_attrs, backward_args, grads_by_input, namespace_of, op_label  # noqa: E402
 
 __all__ = ["load", "call", "vmap_strategy", "op_names", "export", "safety_checks"]
@@ -383,6 +383,66 @@ def _raw_call(name: str, attrs: dict, present: tuple[bool, ...], xs, src: _Src =
     return outs
 
 
+def _several_devices() -> bool:
+    return len(jax.devices()) > 1
+
+
+def _mesh_axes(sharding, rank: int) -> list:
+    """Per dim, the mesh axis name(s) a ``NamedSharding`` splits it along (None: whole)."""
+    spec = list(getattr(sharding, "spec", ()))
+    return (spec + [None] * rank)[:rank]
+
+
+def _partitioned_call(name: str, attrs: dict, present: tuple[bool, ...], xs, src: _Src = _STOCK):
+    """:func:`_raw_call` under ``jax.experimental.custom_partitioning``: the op's sharding rule
+    (kernel-core's, see polyop._sharding) becomes Shardy's ``sharding_rule``, so inputs split
+    along a factor the op computes independently along stay split (no all-gather) and the
+    outputs come out split the same way; dims the rule says are whole are gathered first. An
+    output the rule says is summed over a split factor (a weight gradient over a split batch)
+    is ``psum``-ed over that factor's mesh axes inside the partitioned call."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    full = iter(xs)
+    specs = [_spec(next(full)) if p else None for p in present]
+    wire, _env = _shapes.symbolic_specs(specs, jax.export.is_symbolic_dim)
+    inferred = src.meta.infer_symbolic(name, wire, **attrs)
+    rule = _sharding.Rule(
+        inferred.get("sharding"), present, [len(x.shape) for x in xs], [len(s) for s, _ in inferred["outputs"]]
+    )
+    rule_str, whole, reduction = rule.einsum()
+
+    def partition(mesh, arg_shapes, result_shape):
+        chosen = rule.assign([_mesh_axes(a.sharding, len(a.shape)) for a in arg_shapes])
+        spec = lambda m: NamedSharding(mesh, PartitionSpec(*[chosen.get(f) for f in m]))  # noqa: E731
+        sums = []
+        for i in range(len(rule.outputs)):
+            axes = []
+            for f in rule.summed(i):
+                if f in chosen:
+                    axes += list(chosen[f] if isinstance(chosen[f], tuple) else (chosen[f],))
+            sums.append(tuple(axes))
+
+        def lower(*local):
+            outs = _raw_call(name, attrs, present, local, src)
+            return tuple(jax.lax.psum(o, a) if a else o for o, a in zip(outs, sums))
+
+        return mesh, lower, tuple(spec(m) for m in rule.outputs), tuple(spec(m) for m in rule.inputs)
+
+    fn = custom_partitioning(lambda *a: _raw_call(name, attrs, present, a, src))
+    fn.def_partition(partition, sharding_rule=rule_str, need_replication_factors=whole,
+                     reduction_factors=reduction)
+    return tuple(fn(*xs))
+
+
+def _call(name: str, attrs: dict, present: tuple[bool, ...], xs, src: _Src = _STOCK):
+    """One op call: traced with several devices present, through :func:`_partitioned_call`
+    (the sharding rule decides how a sharded input is split); otherwise the plain FFI call."""
+    if _several_devices() and any(isinstance(x, jax.core.Tracer) for x in xs):
+        return _partitioned_call(name, attrs, present, xs, src)
+    return _raw_call(name, attrs, present, xs, src)
+
+
 def vmap_strategy(name: str, shapes, batched, **attrs) -> str:
     """How ``jax.vmap`` runs op ``name`` for per-example operand ``shapes`` (``None`` for an
     absent optional; pairs ``(shape, dtype_name)``) of which ``batched`` are mapped:
@@ -473,7 +533,7 @@ def _op_fn(name: str, attrs_key: tuple, present: tuple[bool, ...], src: _Src = _
 
     @custom_batching.custom_vmap
     def batched_call(*xs):
-        return _raw_call(name, attrs, present, xs, src)
+        return _call(name, attrs, present, xs, src)
 
     @batched_call.def_vmap
     def _vmap_rule(axis_size, in_batched, *xs):

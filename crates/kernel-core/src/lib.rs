@@ -7,6 +7,7 @@
 //!   symbolic dims ([`dim`], the shape model).
 //! - [`ThreadPool`], [`parallel_for`]: the host's threads, fixed partitioning.
 //! - [`KernelFpEnv`]: the fixed floating-point environment kernels compute in (no FTZ / DAZ).
+//! - [`ShardingRule`]: which dims of an op's tensors may stay split across devices.
 //! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries.
 
 pub mod attrs;
@@ -19,6 +20,7 @@ pub mod fpenv;
 pub mod op;
 pub mod parallel;
 pub mod schema;
+pub mod sharding;
 pub mod tensor;
 pub mod unknown_attrs;
 
@@ -37,6 +39,7 @@ pub use parallel::{
     ThreadPool,
 };
 pub use schema::{Arg, ArgType, Schema};
+pub use sharding::{Factor, ShardCtx, ShardFn, ShardingRule};
 pub use tensor::{
     broadcast_shapes, broadcast_strides, contiguous_strides, for_each_row, normalize_axis, numel,
     with_i64_dims, OwnedTensor, SharedMut, TensorMut, TensorRef,

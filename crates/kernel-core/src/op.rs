@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use crate::dim::{relate, Constraint, Dim, Relation};
 use crate::parallel::ThreadPool;
 use crate::schema::Schema;
+use crate::sharding::{ShardCtx, ShardFn, ShardingRule};
 use crate::tensor::{TensorMut, TensorRef};
 use crate::{AttrValue, Attrs, DType, Error, Result};
 
@@ -244,6 +245,8 @@ pub struct OpDef {
     /// The namespace of the registry the op is registered in (see [`Registry::named`]):
     /// errors name the op `<namespace>.<name>`.
     pub namespace: &'static str,
+    /// Which dims may stay split across devices ([`crate::sharding`]); `None`: none.
+    pub sharding: Option<ShardFn>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -282,6 +285,7 @@ pub struct OpBuilder {
     flags: OpFlags,
     onnx_name: Option<&'static str>,
     axis_attrs: Vec<&'static str>,
+    sharding: Option<ShardFn>,
 }
 
 impl OpDef {
@@ -308,6 +312,7 @@ impl OpDef {
             flags: OpFlags::default(),
             onnx_name: None,
             axis_attrs: Vec::new(),
+            sharding: None,
         }
     }
 
@@ -458,6 +463,29 @@ impl OpDef {
                 outputs,
                 constraints,
             })
+    }
+
+    /// The sharding rule of a call whose inputs are `inputs` and whose outputs (from shape
+    /// inference) are `outputs`: the op's own, or every dim whole when it declares none or
+    /// when any rank is unknown. Checked against the call's ranks.
+    pub fn sharding_rule(
+        &self,
+        inputs: &[Option<TensorSpec>],
+        outputs: &[TensorSpec],
+        attrs: &Attrs,
+    ) -> Result<ShardingRule> {
+        let ctx = ShardCtx {
+            op: self,
+            inputs,
+            outputs,
+            attrs,
+        };
+        let rule = match self.sharding {
+            Some(f) if !self.flags.data_dependent_shape => f(&ctx).map_err(|e| e.in_op(self))?,
+            _ => ShardingRule::replicated(&ctx),
+        };
+        rule.check(&ctx).map_err(|e| e.in_op(self))?;
+        Ok(rule)
     }
 
     /// Shape inference for concrete inputs. For ops without data-dependent shapes every
@@ -671,6 +699,11 @@ impl OpBuilder {
         self.axis_attrs.push(name);
         self
     }
+    /// The op's sharding rule ([`crate::sharding`]); without one every dim stays whole.
+    pub fn sharding(mut self, f: ShardFn) -> Self {
+        self.sharding = Some(f);
+        self
+    }
 
     pub fn build(self) -> Result<OpDef> {
         let schema = Schema::parse(self.schema)?;
@@ -729,6 +762,7 @@ impl OpBuilder {
             onnx_name: self.onnx_name,
             axis_attrs: self.axis_attrs,
             namespace: DEFAULT_NAMESPACE,
+            sharding: self.sharding,
         })
     }
 }

@@ -19,7 +19,7 @@ use kernel_core::call::{self, Preallocated};
 use kernel_core::schema::ArgType;
 use kernel_core::{
     catch_panic, default_pool, AttrValue, Attrs, BwdInput, CallSite, DType, Dim, Error, ErrorKind,
-    Expr, Inferred, OpDef, Phase, Registry, TensorRef, TensorSpec, TypeRule,
+    Expr, Factor, Inferred, OpDef, Phase, Registry, TensorRef, TensorSpec, TypeRule,
 };
 use serde_json::{json, Map, Value};
 use std::ffi::{c_char, CStr, CString};
@@ -327,6 +327,29 @@ pub fn inferred_json(r: &Inferred) -> Value {
     })
 }
 
+/// An op's [`ShardingRule`] for one call as JSON: `{"factors": ["split" | "whole", ...],
+/// "inputs": [[factor, ...] | null, ...], "outputs": [...]}` (docs/distributed.md); `null`
+/// when the rule cannot be computed (callers then keep every dim whole).
+pub fn sharding_json(
+    op: &OpDef,
+    inputs: &[Option<TensorSpec>],
+    r: &Inferred,
+    attrs: &Attrs,
+) -> Value {
+    let Ok(rule) = op.sharding_rule(inputs, &r.outputs, attrs) else {
+        return Value::Null;
+    };
+    let kind = |f: &Factor| match f {
+        Factor::Split => "split",
+        Factor::Whole => "whole",
+    };
+    json!({
+        "factors": rule.factors.iter().map(kind).collect::<Vec<_>>(),
+        "inputs": rule.inputs,
+        "outputs": rule.outputs,
+    })
+}
+
 fn spec_from_json(op: &OpDef, v: &Value) -> Result<Option<TensorSpec>, Error> {
     let bad = || {
         Error::invalid(format!(
@@ -429,7 +452,11 @@ fn infer_value(registry: &Registry, request: &str) -> Value {
         Err(e) => return error_json(&e, true),
     };
     match op.infer_symbolic(&specs, &attrs) {
-        Ok(r) => inferred_json(&r),
+        Ok(r) => {
+            let mut v = inferred_json(&r);
+            v["sharding"] = sharding_json(op, &specs, &r, &attrs);
+            v
+        }
         Err(e) => error_json(&e, false),
     }
 }

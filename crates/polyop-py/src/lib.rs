@@ -507,7 +507,7 @@ fn infer_specs<'py>(
     name: &str,
     input_specs: &Bound<'py, PyAny>,
     attrs: Option<&Bound<'py, PyDict>>,
-) -> PyResult<kernel_core::Inferred> {
+) -> PyResult<Inference> {
     let op = lookup(name)?;
     let args: Vec<&str> = op.schema.tensor_args().map(|a| a.name.as_str()).collect();
     let items: Vec<Bound<'_, PyAny>> = input_specs
@@ -533,7 +533,21 @@ fn infer_specs<'py>(
     let dtypes: Vec<Option<DType>> = specs.iter().map(|s| s.as_ref().map(|s| s.dtype)).collect();
     op.check_inputs(&dtypes).map_err(|e| py_type_err(&e))?;
     let attrs = bind_attrs(op, attrs)?;
-    catch_panic(op, || op.infer_symbolic(&specs, &attrs)).map_err(|e| py_err(&e))
+    let inferred = catch_panic(op, || op.infer_symbolic(&specs, &attrs)).map_err(|e| py_err(&e))?;
+    Ok(Inference {
+        op,
+        specs,
+        attrs,
+        inferred,
+    })
+}
+
+/// One shape inference with what it was computed from (the sharding rule needs both).
+struct Inference {
+    op: &'static OpDef,
+    specs: Vec<Option<kernel_core::TensorSpec>>,
+    attrs: kernel_core::Attrs,
+    inferred: kernel_core::Inferred,
 }
 
 /// Shape inference: `input_specs` holds one `(shape, dtype)` per tensor input (dims are ints,
@@ -549,7 +563,7 @@ fn infer<'py>(
     input_specs: &Bound<'py, PyAny>,
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let r = infer_specs(py, name, input_specs, attrs)?;
+    let r = infer_specs(py, name, input_specs, attrs)?.inferred;
     let l = PyList::empty(py);
     for s in r.outputs {
         let shape = match &s.shape {
@@ -579,7 +593,9 @@ fn infer_symbolic<'py>(
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let r = infer_specs(py, name, input_specs, attrs)?;
-    json_to_py(py, &polyop_export::inferred_json(&r))
+    let mut v = polyop_export::inferred_json(&r.inferred);
+    v["sharding"] = polyop_export::sharding_json(r.op, &r.specs, &r.inferred, &r.attrs);
+    json_to_py(py, &v)
 }
 
 #[pymodule]
