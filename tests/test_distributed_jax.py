@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import polyop  # noqa: E402
 import polyop.jax as pj  # noqa: E402
 from polyop.conformance.tolerances import rtol_atol  # noqa: E402
+from _sharding_cases import cases  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # topk's int64 indices stay int64 on the devices
 RNG = np.random.default_rng(0)
@@ -57,35 +58,7 @@ def _x():
     return arr(8, 16)
 
 
-def _cases():
-    """Per op: inputs (the first one's dim 0 is the batch, 8 rows) and attributes."""
-    x, row, g = _x(), arr(16), arr(8, 16)
-    img, ker, bias = arr(8, 3, 6, 6), arr(4, 3, 3, 3) * 0.3, arr(4)
-    y = np.asarray(pj.softmax(x))
-    _, idx = pj.topk(x, k=3)
-    return {
-        "negate": ([x], {}),
-        "add": ([x, row], {}),
-        "add_backward": ([g, x, row], {}),
-        "scale": ([x], {"alpha": 1.5}),
-        "relu": ([x], {}),
-        "relu_backward": ([g, x], {}),
-        "add_relu": ([x, row], {}),
-        "add_relu_backward": ([g, x, row], {}),
-        "gelu": ([x], {"approximate": "tanh"}),
-        "gelu_backward": ([g, x], {}),
-        "softmax": ([x], {"axis": -1}),
-        "softmax_backward": ([g, y], {"axis": 1}),
-        "rms_norm": ([x, row + 2], {}),
-        "rms_norm_backward": ([g, x, row + 2], {}),
-        "topk": ([x], {"k": 3}),
-        "topk_backward": ([arr(8, 3), x, np.asarray(idx)], {}),
-        "conv2d": ([img, ker, bias], {"padding": 1}),
-        "conv2d_backward": ([arr(8, 4, 6, 6), img, ker, bias], {"padding": 1}),
-    }
-
-
-CASES = _cases()
+CASES = cases()
 
 
 def test_every_jax_op_has_a_case():

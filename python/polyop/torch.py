@@ -41,7 +41,10 @@ Importing this module without torch installed raises one ``ImportError`` naming 
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 import threading
 from typing import Any
 
@@ -53,7 +56,7 @@ import torch  # noqa: E402
 
 import polyop  # noqa: E402
 
-from . import _library, _shapes  # noqa: E402
+from . import _library, _sharding, _shapes  # noqa: E402
 from ._library import Loaded, backward_args, grads_by_input, op_label  # noqa: E402
 
 __all__ = ["load", "ops", "library_path", "onnx_translation_table", "register_onnx_symbolics"]
@@ -143,6 +146,7 @@ def _load_stock(path: str | None) -> Loaded:
         infos = polyop.ops()
         for info in infos:
             _register_fake(info)
+            _register_sharding(info)
             if info.get("backward"):
                 _register_autograd(info)
             else:
@@ -172,6 +176,7 @@ def _load_path(path: str) -> Loaded:
             ns = lib.name
             for info in lib.ops():
                 _register_fake(info, ns, lib)
+                _register_sharding(info, ns, lib)
                 if info.get("backward"):
                     _register_autograd(info, ns)
                 else:
@@ -295,6 +300,17 @@ def _sym_broadcast(a, b):
     return a
 
 
+def _bind(schema, args, kwargs) -> list:
+    """The op's argument values in schema order, defaults filled in."""
+    values = list(args) + [None] * (len(schema.arguments) - len(args))
+    for i, a in enumerate(schema.arguments):
+        if a.name in kwargs:
+            values[i] = kwargs[a.name]
+        elif i >= len(args) and a.has_default_value():
+            values[i] = a.default_value
+    return values
+
+
 def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop) -> None:
     """Fake kernel from kernel-core's symbolic shape inference: ``SymInt`` input sizes go in as
     symbols, output sizes come out as ``SymInt`` expressions of them (conv2d's
@@ -310,13 +326,7 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
     _, tensor_pos, attr_pos = _arg_layout(info, ns)
 
     def fake(*args, **kwargs):
-        schema = _schema(name, ns)
-        values = list(args) + [None] * (len(schema.arguments) - len(args))
-        for i, a in enumerate(schema.arguments):
-            if a.name in kwargs:
-                values[i] = kwargs[a.name]
-            elif i >= len(args) and a.has_default_value():
-                values[i] = a.default_value
+        values = _bind(_schema(name, ns), args, kwargs)
         tensors = [values[p] for p in tensor_pos]
         specs, env = _shapes.symbolic_specs(
             (None if t is None else (tuple(t.shape), str(t.dtype).removeprefix("torch."))
@@ -353,6 +363,102 @@ def _register_fake(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     torch.library.register_fake(f"{ns}::{name}", fake, allow_override=True)
+
+
+# --------------------------------------------------------------------------------------------
+# DTensor: sharding strategies from the op's sharding rule
+
+
+#: Ops whose DTensor strategies wait for ``torch.distributed.tensor`` to be imported.
+_sharding_pending: list[tuple] = []
+
+
+class _AfterDTensorImport(importlib.abc.MetaPathFinder):
+    """Registers the pending DTensor strategies right after ``torch.distributed.tensor`` is
+    imported: importing it just for polyop would cost every torch user seconds at load."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch.distributed.tensor":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register_pending_sharding()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _register_pending_sharding() -> None:
+    while _sharding_pending:
+        _register_sharding_now(*_sharding_pending.pop(0))
+
+
+def _register_sharding(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop) -> None:
+    """DTensor strategies for op ``info`` (:func:`_register_sharding_now`): now when DTensor is
+    loaded, else as soon as it is."""
+    if not torch.distributed.is_available():
+        return
+    _sharding_pending.append((info, ns, meta))
+    if "torch.distributed.tensor" in sys.modules:
+        _register_pending_sharding()
+    elif not any(isinstance(f, _AfterDTensorImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterDTensorImport())
+
+
+def _register_sharding_now(info: dict[str, Any], ns: str = "polyop", meta: Any = polyop) -> None:
+    """DTensor sharding strategies (``register_sharding``) from kernel-core's sharding rule
+    (polyop._sharding): per split factor, one strategy that shards every tensor having it
+    along its dim, replicates the inputs without it and makes the outputs without it
+    ``Partial`` (summed: a weight gradient over a sharded batch); plus all-replicated. Dims the
+    rule says are whole are never sharded, so DTensor redistributes an input sharded along one
+    (softmax's axis) before the op."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    name = info["name"]
+    schema, tensor_pos, attr_pos = _arg_layout(info, ns)
+
+    def strategies(*args, **kwargs):
+        values = _bind(schema, args, kwargs)
+        tensors = [values[p] for p in tensor_pos]
+        present = [t is not None for t in tensors]
+        specs = [
+            None if t is None else (tuple(t.shape), str(t.tensor_meta.dtype).removeprefix("torch."))
+            for t in tensors
+        ]
+        r = meta.infer_symbolic(name, specs, **{n: values[p] for n, p in attr_pos.items()})
+        rule = _sharding.Rule(
+            r.get("sharding"), present, [len(s[0]) for s in specs if s is not None],
+            [len(s) for s, _ in r["outputs"]],
+        )
+        # placements for every argument (None: not a tensor, or absent)
+        def inputs(place):
+            out, it = [None] * len(schema.arguments), iter(rule.inputs)
+            for p, t in zip(tensor_pos, tensors):
+                if t is not None:
+                    out[p] = place(next(it))
+            return out
+
+        found = [([Replicate()] * len(rule.outputs), inputs(lambda m: Replicate()))]
+        for f in dict.fromkeys(f for m in rule.inputs for f in m):
+            if not rule.split(f):
+                continue
+            outs = [
+                Shard(m.index(f)) if f in m else (Partial() if f in rule.summed(i) else Replicate())
+                for i, m in enumerate(rule.outputs)
+            ]
+            found.append((outs, inputs(lambda m: Shard(m.index(f)) if f in m else Replicate())))
+        return found
+
+    register_sharding(getattr(getattr(torch.ops, ns), name).default)(strategies)
 
 
 # --------------------------------------------------------------------------------------------
