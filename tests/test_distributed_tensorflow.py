@@ -99,5 +99,19 @@ def test_replicas_each_run_the_kernel_on_their_own_batch():
     np.testing.assert_allclose(np.concatenate([p.numpy() for p in parts]), e / e.sum(-1, keepdims=True), rtol=1e-14)
 
 
+def test_docs_example_runs():
+    """examples/distributed/tf_mirrored.py, as docs/distributed.md shows it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root / "python"))
+    p = subprocess.run([sys.executable, str(root / "examples/distributed/tf_mirrored.py")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "replicas: 2 loss:" in p.stdout, p.stdout
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-q", "-s"])

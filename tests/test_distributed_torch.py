@@ -151,3 +151,13 @@ def test_loading_polyop_does_not_import_dtensor():
 def test_single_process_ops_still_plain_tensors():
     x = torch.randn(4, 8)
     assert torch.equal(pt.ops().negate(x), -x)
+
+
+def test_docs_example_runs():
+    """examples/distributed/torch_dtensor.py, as docs/distributed.md shows it."""
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "python"))
+    p = subprocess.run([sys.executable, str(HERE.parent / "examples/distributed/torch_dtensor.py")],
+                       capture_output=True, text=True, timeout=DEADLINE, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "placements: (Shard(dim=0),) collectives: 0" in p.stdout, p.stdout
+    assert "DDP step done" in p.stdout
