@@ -15,7 +15,8 @@ FAILED=0
 SKIPPED=0
 FAILURES=()
 
-section() { printf '\n==== %s\n' "$*"; }
+# Each section header says when it started, in seconds since the run began (where time goes).
+section() { printf '\n==== %s [+%ss]\n' "$*" "$(($(date +%s) - ${START:-$(date +%s)}))"; }
 fail() { FAILED=$((FAILED + 1)); FAILURES+=("$1"); }
 
 # bounded NAME SECONDS CMD...: run CMD with a time limit; on expiry print and return 124.

@@ -135,6 +135,13 @@ def _ddp_scenario(rank: int, world: int) -> dict:
     return {"loss": loss, "weights": weights}
 
 
+def _all_scenario(rank: int, world: int) -> dict:
+    """The ops and the DDP scenario in one group (one start-up of the processes)."""
+    found = _ops_scenario(rank, world)
+    found["ddp"] = _ddp_scenario(rank, world)
+    return found
+
+
 def main() -> None:
     scenario, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -147,7 +154,7 @@ def main() -> None:
         pt._sharding_pending.clear()
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
-        found = {"ops": _ops_scenario, "ddp": _ddp_scenario, "norule": _norule_scenario}[scenario](rank, world)
+        found = {"ops": _ops_scenario, "ddp": _ddp_scenario, "norule": _norule_scenario, "all": _all_scenario}[scenario](rank, world)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(found, f)

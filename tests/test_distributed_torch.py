@@ -65,7 +65,7 @@ def run_ranks(scenario: str, tmp_path) -> dict:
 
 @pytest.fixture(scope="module")
 def ops_found(tmp_path_factory):
-    return run_ranks("ops", tmp_path_factory.mktemp("ops"))
+    return run_ranks("all", tmp_path_factory.mktemp("all"))
 
 
 def test_every_torch_op_has_a_case():
@@ -111,8 +111,8 @@ def test_without_the_rule_dtensor_has_no_strategy(tmp_path):
     assert found.startswith("NotImplementedError") and "polyop.gelu" in found, found
 
 
-def test_ddp_training_matches_single_process(tmp_path):
-    found = run_ranks("ddp", tmp_path)
+def test_ddp_training_matches_single_process(ops_found):
+    found = ops_found["ddp"]
     params, x, t = model_step_data()
     model = Model(params)
     loss = train(model, x, t)
