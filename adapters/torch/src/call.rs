@@ -69,13 +69,11 @@ pub(crate) unsafe fn call(
         || op.bind_attrs(given.iter().map(|(n, v)| (*n, v.clone()))),
     )?;
 
-    let mut infos: Vec<Option<Info>> = Vec::with_capacity(inputs.len());
-    for (t, arg) in inputs.iter().zip(op.schema.tensor_args()) {
-        infos.push(match t {
-            Some(t) => Some(info(op, &arg.name, t)?),
-            None => None,
-        });
-    }
+    let infos: Vec<Option<Info>> = inputs
+        .iter()
+        .zip(op.schema.tensor_args())
+        .map(|(t, arg)| t.as_ref().map(|t| info(op, &arg.name, t)).transpose())
+        .collect::<Result<_>>()?;
     let mut device: Option<(i32, i32, &str)> = None;
     for (i, arg) in infos.iter().zip(op.schema.tensor_args()) {
         let Some(i) = i else { continue };

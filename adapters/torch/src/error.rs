@@ -25,11 +25,7 @@ pub(crate) unsafe fn boxed_call(
         unsafe { *stack = library_identity() };
         return Ok(());
     }
-    let op = {
-        let slots = SLOTS.read().unwrap_or_else(|e| e.into_inner());
-        slots.get(slot as usize).copied()
-    };
-    let result = match op {
+    let result = match SLOTS.get(slot as usize) {
         // SAFETY: this function's contract; `st` is the op registered in `slot`, the one whose
         // trampoline torch called.
         Some(st) => catch_panic(st.op, || unsafe {

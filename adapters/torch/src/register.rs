@@ -5,13 +5,13 @@
 use crate::call;
 use crate::error::library_identity;
 use crate::sys as ffi;
+use kernel_core::ffi::{Added, SlotTable};
 use kernel_core::Registry;
 use std::ffi::CString;
-use std::sync::RwLock;
 
 /// The ops registered so far, with their per-op call state (leaked: registered ops live as
 /// long as the process); a trampoline slot is an index into this table.
-pub(crate) static SLOTS: RwLock<Vec<&'static call::OpState>> = RwLock::new(Vec::new());
+pub(crate) static SLOTS: SlotTable<call::OpState> = SlotTable::new();
 
 /// How the namespace is opened: `Def` claims it (`STABLE_TORCH_LIBRARY`), `Fragment` adds to
 /// a namespace that may be defined elsewhere (`STABLE_TORCH_LIBRARY_FRAGMENT`).
@@ -121,16 +121,15 @@ pub fn register_registry(
             },
             || format!("defining `{ns}::{}`", op.schema),
         )?;
-        let slot = {
-            let mut slots = SLOTS.write().unwrap_or_else(|e| e.into_inner());
-            if slots.len() as u32 >= num_slots {
+        let state = Box::leak(Box::new(call::OpState::new(op)));
+        let slot = match SLOTS.add(state, num_slots as usize) {
+            Added::New(slot) | Added::Already(slot) => slot as u32,
+            Added::Full => {
                 return Err(format!(
                     "too many ops: the trampoline table has {num_slots} slots (raise kSlots in \
                      cxx/trampoline.cpp)"
-                ));
+                ))
             }
-            slots.push(Box::leak(Box::new(call::OpState::new(op))));
-            (slots.len() - 1) as u32
         };
         for &(lib, key) in &impl_libs {
             // SAFETY: `lib` is a live impl library handle opened above (the bridge's opaque

@@ -50,12 +50,6 @@ use crate::error::boxed_call;
 /// The message of the exception behind the last failed shim call on this thread.
 pub fn last_error() -> String {
     // SAFETY: returns a borrowed, NUL-terminated string or null.
-    unsafe {
-        let p = torch_exception_get_what_without_backtrace();
-        if p.is_null() {
-            "unknown torch error".to_string()
-        } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
-    }
+    unsafe { kernel_core::ffi::string_from_c(torch_exception_get_what_without_backtrace()) }
+        .unwrap_or_else(|| "unknown torch error".to_string())
 }

@@ -3,8 +3,11 @@
 //! path asks for memory.
 
 use crate::sys::{self as ffi, AtenTensorHandle};
+use kernel_core::ffi::slice_from_c;
 use kernel_core::op::OutputAllocator;
-use kernel_core::{DType, DTypeCodes, Error, OpDef, Result, TensorMut, TensorRef};
+use kernel_core::{
+    with_i64_contiguous, DType, DTypeCodes, Error, OpDef, Result, TensorMut, TensorRef,
+};
 use std::sync::OnceLock;
 
 /// An owning tensor handle, deleted on drop.
@@ -93,15 +96,10 @@ pub(crate) fn codes() -> &'static Codes {
 
 pub(crate) fn dtype_from_code(code: i32) -> std::result::Result<DType, String> {
     let c = codes();
-    if let Some(d) = c.dtypes.dtype(code) {
-        return Ok(d);
-    }
-    Err(c
-        .others
-        .iter()
-        .find(|(k, _)| *k == code)
-        .map(|(_, n)| n.to_string())
-        .unwrap_or_else(|| format!("<torch dtype code {code}>")))
+    c.dtypes.dtype(code).ok_or_else(|| {
+        let name = c.dtypes.name(code, &c.others);
+        name.map_or_else(|| format!("<torch dtype code {code}>"), String::from)
+    })
 }
 
 pub(crate) fn code_from_dtype(d: DType) -> i32 {
@@ -147,65 +145,34 @@ pub(crate) fn info<'a>(op: &OpDef, name: &str, t: &'a Tensor) -> Result<Info<'a>
         .in_op(op));
     }
     let dtype = dtype_from_code(dt).map_err(|n| op.unsupported_dtype(name, &n))?;
-    let n = dim as usize;
-    let (shape, strides) = if n == 0 {
-        (vec![], vec![])
-    } else {
-        // SAFETY: torch returns arrays of length dim, valid while the tensor lives.
-        unsafe {
-            (
-                std::slice::from_raw_parts(sizes, n)
-                    .iter()
-                    .map(|&s| s as usize)
-                    .collect(),
-                std::slice::from_raw_parts(strides, n)
-                    .iter()
-                    .map(|&s| s as isize)
-                    .collect(),
-            )
-        }
+    // SAFETY: torch returns arrays of length dim, valid while the tensor lives.
+    let (sizes, strides) = unsafe {
+        (
+            slice_from_c(sizes, dim as usize),
+            slice_from_c(strides, dim as usize),
+        )
     };
-    let mut ptr = std::ptr::null_mut();
-    if dev == c.cpu {
-        check(
-            // SAFETY: `h` is the live handle of `t`; `ptr` a writable local. The data pointer
-            // already includes the storage offset.
-            unsafe { ffi::aoti_torch_get_data_ptr(h, &mut ptr) },
-            "get_data_ptr",
-        )?;
-    }
+    let shape = sizes.iter().map(|&s| s as usize).collect();
+    let strides = strides.iter().map(|&s| s as isize).collect();
+    // (The data pointer already includes the storage offset.)
+    let ptr = if dev == c.cpu {
+        data_ptr(t)?
+    } else {
+        std::ptr::null_mut()
+    };
     Ok(Info {
         device_type: dev,
         device_index: idx,
         // SAFETY: the handle `t` keeps the storage alive while the view is used; torch strides
         // are in elements; meta tensors carry no data and are never read.
-        view: unsafe { TensorRef::from_raw(dtype, shape, strides, ptr as *const u8) },
+        view: unsafe { TensorRef::from_raw(dtype, shape, strides, ptr) },
     })
 }
 
 pub(crate) fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result<Tensor> {
-    // Sizes and contiguous strides on the stack for the usual ranks (this runs every call).
-    const SMALL: usize = 8;
-    let (mut sz, mut st) = ([0i64; SMALL], [0i64; SMALL]);
-    let (heap_sz, heap_st): (Vec<i64>, Vec<i64>);
-    let (sizes, strides): (&[i64], &[i64]) = if shape.len() <= SMALL {
-        let mut acc = 1i64;
-        for (i, &d) in shape.iter().enumerate().rev() {
-            sz[i] = d as i64;
-            st[i] = acc;
-            acc *= (d as i64).max(1);
-        }
-        (&sz[..shape.len()], &st[..shape.len()])
-    } else {
-        heap_sz = shape.iter().map(|&s| s as i64).collect();
-        heap_st = kernel_core::contiguous_strides(shape)
-            .into_iter()
-            .map(|s| s as i64)
-            .collect();
-        (&heap_sz, &heap_st)
-    };
     let mut h = std::ptr::null_mut();
-    check(
+    // (Sizes and strides on the stack for the usual ranks: this runs on every call.)
+    let rc = with_i64_contiguous(shape, |sizes, strides| {
         // SAFETY: `sizes` and `strides` both have the `sizes.len()` entries passed as ndim;
         // `h` is a writable local that receives a new owning handle.
         unsafe {
@@ -218,9 +185,9 @@ pub(crate) fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result
                 device.1,
                 &mut h,
             )
-        },
-        "empty_strided",
-    )?;
+        }
+    });
+    check(rc, "empty_strided")?;
     Ok(Tensor(h))
 }
 

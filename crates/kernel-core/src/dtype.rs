@@ -102,6 +102,13 @@ impl<C: Copy + PartialEq> DTypeCodes<C> {
     pub fn code(&self, d: DType) -> C {
         self.0[d as usize]
     }
+    /// The name of a framework code for messages: polyop's name of its dtype, else the name
+    /// `others` (the framework's dtypes polyop has none for) gives it.
+    pub fn name(&self, code: C, others: &[(C, &'static str)]) -> Option<&'static str> {
+        self.dtype(code)
+            .map(DType::name)
+            .or_else(|| others.iter().find(|(c, _)| *c == code).map(|&(_, n)| n))
+    }
 }
 
 impl fmt::Display for DType {
@@ -305,5 +312,15 @@ mod tests {
         }
         assert_eq!(codes.dtype(9), None);
         assert_eq!(codes.dtype(17), None);
+    }
+
+    #[test]
+    fn dtype_codes_name_polyop_dtypes_then_others() {
+        let codes = DTypeCodes([10, 11, 12, 13, 14, 15, 16]);
+        let others = [(3, "int8"), (12, "shadowed")];
+        assert_eq!(codes.name(12, &others), Some("float32"));
+        assert_eq!(codes.name(16, &others), Some("bool"));
+        assert_eq!(codes.name(3, &others), Some("int8"));
+        assert_eq!(codes.name(4, &others), None);
     }
 }

@@ -8,7 +8,8 @@
 //! - [`ThreadPool`], [`parallel_for`]: the host's threads, fixed partitioning.
 //! - [`KernelFpEnv`]: the fixed floating-point environment kernels compute in (no FTZ / DAZ).
 //! - [`ShardingRule`]: which dims of an op's tensors may stay split across devices.
-//! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries.
+//! - [`Error`]: errors as values; [`catch_panic`] for FFI boundaries; [`ffi`]: what adapters
+//!   do the same way at a C boundary.
 
 pub mod attrs;
 pub mod call;
@@ -16,6 +17,7 @@ pub mod dim;
 pub mod dtype;
 pub mod error;
 pub mod exec;
+pub mod ffi;
 pub mod fpenv;
 pub mod op;
 pub mod parallel;
@@ -42,7 +44,7 @@ pub use schema::{Arg, ArgType, Schema};
 pub use sharding::{Factor, ShardCtx, ShardFn, ShardingRule};
 pub use tensor::{
     broadcast_shapes, broadcast_strides, contiguous_strides, for_each_row, normalize_axis, numel,
-    with_i64_dims, OwnedTensor, SharedMut, TensorMut, TensorRef,
+    with_i64_contiguous, with_i64_dims, OwnedTensor, SharedMut, TensorMut, TensorRef,
 };
 
 // Re-exported so `dispatch_float!` works in crates that do not depend on `half` themselves.

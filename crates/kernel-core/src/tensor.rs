@@ -209,6 +209,17 @@ impl<'a> TensorRef<'a> {
         }
     }
 
+    /// A dense row-major view (what most frameworks hand a kernel): [`TensorRef::from_raw`]
+    /// with the contiguous strides of `shape`.
+    ///
+    /// # Safety
+    /// As for [`TensorRef::from_raw`] with those strides.
+    pub unsafe fn from_raw_contiguous(dtype: DType, shape: Vec<usize>, ptr: *const u8) -> Self {
+        let strides = contiguous_strides(&shape);
+        // SAFETY: this function's contract.
+        unsafe { Self::from_raw(dtype, shape, strides, ptr) }
+    }
+
     /// A contiguous view of a typed slice.
     pub fn from_slice<T: Element>(data: &'a [T], shape: &[usize]) -> Result<Self> {
         if numel(shape) != data.len() {
@@ -608,5 +619,62 @@ pub fn with_i64_dims<R>(shape: &[usize], f: impl FnOnce(&[i64]) -> R) -> R {
         f(&small[..shape.len()])
     } else {
         f(&shape.iter().map(|&d| d as i64).collect::<Vec<_>>())
+    }
+}
+
+/// [`with_i64_dims`] with the contiguous (row-major) strides of `shape` too, in elements: what
+/// a framework's strided allocation takes. Both on the stack for ranks up to 8.
+pub fn with_i64_contiguous<R>(shape: &[usize], f: impl FnOnce(&[i64], &[i64]) -> R) -> R {
+    with_i64_dims(shape, |sizes| {
+        let (mut small, mut heap);
+        let strides: &mut [i64] = if sizes.len() <= 8 {
+            small = [0i64; 8];
+            &mut small[..sizes.len()]
+        } else {
+            heap = vec![0i64; sizes.len()];
+            &mut heap
+        };
+        let mut acc = 1i64;
+        for (s, &d) in strides.iter_mut().zip(sizes).rev() {
+            *s = acc;
+            acc *= d.max(1);
+        }
+        f(sizes, strides)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn i64_dims_and_contiguous_strides_match_contiguous_strides() {
+        for shape in [
+            vec![],
+            vec![3],
+            vec![2, 0, 4],
+            vec![2, 3, 4],
+            vec![1; 9],
+            (1..=10).collect(),
+        ] {
+            let want: Vec<i64> = contiguous_strides(&shape)
+                .iter()
+                .map(|&s| s as i64)
+                .collect();
+            with_i64_contiguous(&shape, |sizes, strides| {
+                assert_eq!(sizes, shape.iter().map(|&d| d as i64).collect::<Vec<_>>());
+                assert_eq!(strides, want);
+            });
+        }
+    }
+
+    #[test]
+    fn raw_contiguous_view_has_row_major_strides() {
+        let data = [0f32; 6];
+        // SAFETY: `data` holds the 6 f32s of shape [2, 3] and outlives the view.
+        let v =
+            unsafe { TensorRef::from_raw_contiguous(DType::F32, vec![2, 3], data.as_ptr().cast()) };
+        assert_eq!(v.strides, vec![3, 1]);
+        assert!(v.is_contiguous());
     }
 }
