@@ -3,8 +3,9 @@
 //! kernel-core infers, then `op.compute` writes into them.
 
 use crate::attrs::read_attrs;
-use crate::error::report;
+use crate::error::status_of;
 use crate::pool::pool;
+use crate::register::OPS;
 use crate::sys::*;
 use crate::tensor::{input_view, Tensors, TfOutputs};
 use kernel_core::{call, catch_panic, CallSite, Error, OpDef, Phase, Result};
@@ -71,14 +72,9 @@ pub unsafe extern "C" fn compute_tramp(state: *mut c_void, ctx: *mut TF_OpKernel
     // SAFETY: created by create_tramp as a Box<KernelState>.
     let st = unsafe { &*(state as *const KernelState) };
     // SAFETY: TF calls the compute function with the context of this compute call.
-    let r = catch_panic(st.op, || unsafe { compute(st, ctx) });
-    if let Err(e) = r {
-        let e = e.in_op(st.op);
-        let s = Status::new();
-        // SAFETY: `s` is a live status owned here.
-        unsafe { report(s.0, &e) };
+    if let Err(e) = catch_panic(st.op, || unsafe { compute(st, ctx) }) {
         // SAFETY: `ctx` is live; TF copies the status.
-        unsafe { TF_OpKernelContext_Failure(ctx, s.0) };
+        unsafe { TF_OpKernelContext_Failure(ctx, status_of(&e).0) };
     }
 }
 
@@ -94,27 +90,16 @@ pub unsafe extern "C" fn delete_tramp(state: *mut c_void) {
 /// # Safety
 /// `ctx` is the context of a running kernel construction.
 pub unsafe fn create(slot: usize, ctx: *mut TF_OpKernelConstruction) -> *mut c_void {
-    let Some(op) = crate::register::op_at(slot) else {
-        let s = Status::new();
-        // SAFETY: `s` is a live status owned here; `ctx` is live (this function's contract)
-        // and TF copies the status.
-        unsafe {
-            set_status(s.0, TF_INTERNAL, "polyop: kernel slot without an op");
-            TF_OpKernelConstruction_Failure(ctx, s.0);
-        }
-        return std::ptr::null_mut();
+    let r = match OPS.get(slot) {
+        // SAFETY: `ctx` is live (this function's contract).
+        Some(op) => catch_panic(op, || unsafe { read_attrs(op, ctx) }),
+        None => Err(Error::internal("kernel slot without an op")),
     };
-    // SAFETY: `ctx` is live (this function's contract).
-    match catch_panic(op, || unsafe { read_attrs(op, ctx) }) {
+    match r {
         Ok(st) => Box::into_raw(Box::new(st)) as *mut c_void,
         Err(e) => {
-            let e = e.in_op(op);
-            let s = Status::new();
-            // SAFETY: as above.
-            unsafe {
-                report(s.0, &e);
-                TF_OpKernelConstruction_Failure(ctx, s.0);
-            }
+            // SAFETY: `ctx` is live (this function's contract); TF copies the status.
+            unsafe { TF_OpKernelConstruction_Failure(ctx, status_of(&e).0) };
             std::ptr::null_mut()
         }
     }

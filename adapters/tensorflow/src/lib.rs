@@ -4,8 +4,8 @@
 //! `libpolyop_tensorflow.so` registers every op of `polyop_kernels::registry()` (except in-place
 //! ones) from a load-time constructor, as op type `Polyop<CamelName>` with a CPU kernel and a
 //! shape function, so `tf.load_op_library(path)` is all a user needs. Another crate can build
-//! its own TF library from its own registry by calling [`register`] from its constructor
-//! (with this crate's `stock` feature off).
+//! its own TF library from its own registry with [`export!`] (which calls
+//! [`register_with_prefix`] from its constructor), with this crate's `stock` feature off.
 
 mod attrs;
 mod call;
@@ -16,7 +16,7 @@ mod shape;
 mod sys;
 mod tensor;
 
-pub use register::{register, register_with_prefix, tf_op_spec, tf_op_type, TfOpSpec};
+pub use register::register_with_prefix;
 
 /// Build a TensorFlow library from a registry: in a `cdylib` crate,
 ///

@@ -1,14 +1,14 @@
 //! Registration: a kernel-core [`OpDef`] as a TensorFlow op definition (pure data), and the
 //! op definitions, shape functions and CPU kernels registered with TF (per-slot trampolines).
 
-use crate::error::status_code;
+use crate::error::report;
 use crate::sys::*;
+use kernel_core::ffi::{Added, SlotTable};
 use kernel_core::{
     catch_panic, ArgType, AttrValue, DType, Error, OpDef, Registry, Result, TypeRule,
 };
 use std::ffi::CString;
 use std::os::raw::c_void;
-use std::sync::RwLock;
 
 /// Upper bound on the number of ops one library can register. C callbacks carry no user data,
 /// so each op slot gets its own monomorphised shape function and kernel constructor.
@@ -19,7 +19,7 @@ seq_macro::seq!(I in 0..256 {
 });
 
 /// TF's name of a dtype in op-definition specs.
-pub fn tf_type_name(d: DType) -> &'static str {
+fn tf_type_name(d: DType) -> &'static str {
     match d {
         DType::F16 => "half",
         DType::BF16 => "bfloat16",
@@ -31,31 +31,24 @@ pub fn tf_type_name(d: DType) -> &'static str {
     }
 }
 
-/// The op-type prefix of the stock library.
-pub const STOCK_PREFIX: &str = "Polyop";
-
-/// The TF op type of an op in the stock library: `Polyop` + CamelCase name.
-pub fn tf_op_type(op: &OpDef) -> String {
-    tf_op_type_with_prefix(STOCK_PREFIX, op)
-}
-
-/// The TF op type of an op under an author's prefix: `<prefix>` + CamelCase name.
-pub fn tf_op_type_with_prefix(prefix: &str, op: &OpDef) -> String {
+/// The TF op type of an op: `<prefix>` + CamelCase name (the stock library's prefix is
+/// `Polyop`).
+fn tf_op_type(prefix: &str, op: &OpDef) -> String {
     format!("{prefix}{}", op.camel_name)
 }
 
 /// The name of the number attr of optional tensor input `input` (a list of 0 or 1 tensors).
-pub fn count_attr(input: &str) -> String {
+pub(crate) fn count_attr(input: &str) -> String {
     format!("N_{input}")
 }
 
 /// One op as TF sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TfOpSpec {
-    pub op_type: String,
-    pub attrs: Vec<String>,
-    pub inputs: Vec<String>,
-    pub outputs: Vec<String>,
+struct TfOpSpec {
+    op_type: String,
+    attrs: Vec<String>,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
 }
 
 fn type_spec(rule: TypeRule) -> &'static str {
@@ -65,27 +58,14 @@ fn type_spec(rule: TypeRule) -> &'static str {
     }
 }
 
+/// A default in TF's attr syntax: numbers and lists as a schema writes them, bools in lower
+/// case, strings escaped.
 fn literal(v: &AttrValue) -> Option<String> {
     Some(match v {
         AttrValue::None => return None,
-        AttrValue::Int(i) => i.to_string(),
-        AttrValue::Float(f) => format!("{f:?}"),
         AttrValue::Bool(b) => b.to_string(),
         AttrValue::Str(s) => format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\"")),
-        AttrValue::IntList(l) => format!(
-            "[{}]",
-            l.iter()
-                .map(|x| x.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        AttrValue::FloatList(l) => format!(
-            "[{}]",
-            l.iter()
-                .map(|x| format!("{x:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        other => other.schema_literal(),
     })
 }
 
@@ -108,15 +88,11 @@ fn valid_io_name(name: &str) -> bool {
         && c.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// The TF op definition of `op`: a type attr `T` over its dtypes (when some tensor has type T),
-/// one typed attr per schema attribute (with its default), one input per tensor argument
-/// (`Tensor?` as a list `N_name * T` of 0 or 1 tensors) and one output per return.
-pub fn tf_op_spec(op: &OpDef) -> Result<TfOpSpec> {
-    tf_op_spec_with_prefix(STOCK_PREFIX, op)
-}
-
-/// [`tf_op_spec`] with op type `<prefix><CamelName>`.
-pub fn tf_op_spec_with_prefix(prefix: &str, op: &OpDef) -> Result<TfOpSpec> {
+/// The TF op definition of `op`, op type `<prefix><CamelName>`: a type attr `T` over its
+/// dtypes (when some tensor has type T), one typed attr per schema attribute (with its
+/// default), one input per tensor argument (`Tensor?` as a list `N_name * T` of 0 or 1
+/// tensors) and one output per return.
+fn tf_op_spec(prefix: &str, op: &OpDef) -> Result<TfOpSpec> {
     let err = |m: String| Error::invalid(m).in_op(op);
     let mut attrs = Vec::new();
     let uses_t = op
@@ -171,43 +147,28 @@ pub fn tf_op_spec_with_prefix(prefix: &str, op: &OpDef) -> Result<TfOpSpec> {
         outputs.push(format!("{name}: {}", type_spec(*rule)));
     }
     Ok(TfOpSpec {
-        op_type: tf_op_type_with_prefix(prefix, op),
+        op_type: tf_op_type(prefix, op),
         attrs,
         inputs,
         outputs,
     })
 }
 
-/// Ops registered so far; a slot index is a position in this list.
-static OPS: RwLock<Vec<&'static OpDef>> = RwLock::new(Vec::new());
-
-pub(crate) fn op_at(slot: usize) -> Option<&'static OpDef> {
-    OPS.read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(slot)
-        .copied()
-}
+/// Ops registered so far; a slot index is a position in this table.
+pub(crate) static OPS: SlotTable<OpDef> = SlotTable::new();
 
 unsafe extern "C" fn shape_tramp<const I: usize>(
     ctx: *mut TF_ShapeInferenceContext,
     status: *mut TF_Status,
 ) {
-    let Some(op) = op_at(I) else {
-        // SAFETY: `status` is the live status TF passed to this shape function.
-        unsafe {
-            set_status(
-                status,
-                TF_INTERNAL,
-                "polyop: shape function slot without an op",
-            )
-        };
-        return;
+    let r = match OPS.get(I) {
+        // SAFETY: `ctx` and `status` are the arguments TF passed to this shape function.
+        Some(op) => catch_panic(op, || unsafe { crate::shape::shape_fn(op, ctx, status) }),
+        None => Err(Error::internal("shape function slot without an op")),
     };
-    // SAFETY: `ctx` and `status` are the arguments TF passed to this shape function.
-    let r = catch_panic(op, || unsafe { crate::shape::shape_fn(op, ctx, status) });
     if let Err(e) = r {
-        // SAFETY: as above.
-        unsafe { set_status(status, status_code(e.kind), &e.to_string()) };
+        // SAFETY: `status` is the live status TF passed to this shape function.
+        unsafe { report(status, &e) };
     }
 }
 
@@ -228,7 +189,7 @@ fn cstr(s: &str) -> CString {
 /// TensorFlow's framework library is loaded (it is linked), and `slot` is `op`'s slot in
 /// `OPS`, below `SLOTS`.
 unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(), String> {
-    let spec = tf_op_spec_with_prefix(prefix, op).map_err(|e| e.to_string())?;
+    let spec = tf_op_spec(prefix, op).map_err(|e| e.to_string())?;
     let name = cstr(&spec.op_type);
     // SAFETY: `name` is NUL-terminated (TF copies it); the builder is owned here until
     // `TF_RegisterOpDefinition` below.
@@ -281,36 +242,28 @@ unsafe fn register_op(prefix: &str, op: &'static OpDef, slot: usize) -> Result<(
     Ok(())
 }
 
-/// Register every op of `registry` with TensorFlow, skipping in-place ops (TF has no in-place
-/// semantics; the out-of-place op is there). Errors are reported per op and do not stop the
-/// others. Returns the op types registered.
-pub fn register(registry: &'static Registry) -> Vec<String> {
-    register_with_prefix(STOCK_PREFIX, registry)
-}
-
-/// [`register`] with op types `<prefix><CamelName>` (the stock library uses `Polyop`). TF's
-/// generated Python wrappers are the op types in snake case (`MyAddOne` -> `my_add_one`).
+/// Register every op of `registry` with TensorFlow as op type `<prefix><CamelName>` (the
+/// stock library uses `Polyop`), skipping in-place ops (TF has no in-place semantics; the
+/// out-of-place op is there). TF's generated Python wrappers are the op types in snake case
+/// (`MyAddOne` -> `my_add_one`). Errors are reported per op and do not stop the others.
+/// Returns the op types registered.
 pub fn register_with_prefix(prefix: &str, registry: &'static Registry) -> Vec<String> {
     let mut done = Vec::new();
     for op in registry.ops().filter(|o| !o.flags.inplace) {
-        let slot = {
-            let mut ops = OPS.write().unwrap_or_else(|e| e.into_inner());
-            if ops.iter().any(|o| std::ptr::eq(*o, op)) {
-                continue;
-            }
-            if ops.len() >= SLOTS {
+        let slot = match OPS.add(op, SLOTS) {
+            Added::New(slot) => slot,
+            Added::Already(_) => continue,
+            Added::Full => {
                 polyop_export::record_load_error(format!(
                     "polyop-tensorflow: more than {SLOTS} ops; `{}` not registered",
                     op.name
                 ));
                 continue;
             }
-            ops.push(op);
-            ops.len() - 1
         };
         // SAFETY: called with TF loaded (this library links libtensorflow_framework).
         match unsafe { register_op(prefix, op, slot) } {
-            Ok(()) => done.push(tf_op_type_with_prefix(prefix, op)),
+            Ok(()) => done.push(tf_op_type(prefix, op)),
             Err(e) => polyop_export::record_load_error(format!(
                 "polyop-tensorflow: failed to register `{}`: {e}",
                 op.name
@@ -344,7 +297,7 @@ mod tests {
         .cpu(cpu)
         .build()
         .unwrap();
-        let s = tf_op_spec(&op).unwrap();
+        let s = tf_op_spec("Polyop", &op).unwrap();
         assert_eq!(s.op_type, "PolyopThing");
         assert_eq!(
             s.attrs,

@@ -51,12 +51,6 @@ impl Status {
     }
 }
 
-impl Default for Status {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Drop for Status {
     fn drop(&mut self) {
         // SAFETY: allocated by TF_NewStatus.
@@ -68,22 +62,14 @@ impl Drop for Status {
 /// # Safety
 /// `s` must be a live status.
 pub unsafe fn message_of(s: *const TF_Status) -> String {
-    // SAFETY: TF_Message returns a NUL-terminated string owned by the status.
-    unsafe {
-        let p = TF_Message(s);
-        if p.is_null() {
-            String::new()
-        } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
-    }
+    // SAFETY: `TF_Message` returns null or a NUL-terminated string owned by the live status.
+    unsafe { kernel_core::ffi::string_from_c(TF_Message(s)) }.unwrap_or_default()
 }
 
 /// Set `status` to `code` with `msg` (interior NULs replaced).
 /// # Safety
 /// `status` must be a live status.
 pub unsafe fn set_status(status: *mut TF_Status, code: TF_Code, msg: &str) {
-    let c = std::ffi::CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
     // SAFETY: status is live; TF copies the message.
-    unsafe { TF_SetStatus(status, code, c.as_ptr()) }
+    unsafe { TF_SetStatus(status, code, kernel_core::ffi::c_message(msg).as_ptr()) }
 }

@@ -3,10 +3,7 @@
 
 use crate::sys::*;
 use kernel_core::op::OutputAllocator;
-use kernel_core::{
-    contiguous_strides, numel, with_i64_dims, DType, DTypeCodes, Error, Result, TensorMut,
-    TensorRef,
-};
+use kernel_core::{numel, with_i64_dims, DType, DTypeCodes, Error, Result, TensorMut, TensorRef};
 
 /// TF's dtype codes.
 pub const TF_DTYPES: DTypeCodes<TF_DataType> = DTypeCodes([
@@ -48,9 +45,8 @@ pub(crate) unsafe fn input_view<'a>(t: *mut TF_Tensor) -> Result<TensorRef<'a>> 
         .collect();
     // SAFETY: as above.
     let ptr = unsafe { TF_TensorData(t) } as *const u8;
-    let strides = contiguous_strides(&shape);
     // SAFETY: TF tensors are dense row-major buffers of `shape`, alive for the compute call.
-    Ok(unsafe { TensorRef::from_raw(dtype, shape, strides, ptr) })
+    Ok(unsafe { TensorRef::from_raw_contiguous(dtype, shape, ptr) })
 }
 
 /// Outputs allocated by TF (`TF_AllocateOutput`); the handles are released on drop, the
