@@ -9,6 +9,8 @@
 
 use crate::sys;
 use crate::tensor::xla_dtype_name;
+use kernel_core::ffi::FromNeBytes;
+use kernel_core::half::{bf16, f16};
 use kernel_core::{widen_f32_attr, AttrValue, Attrs, Error, OpDef, Result};
 use sys::XLA_FFI_AttrType as AttrType;
 use sys::XLA_FFI_DataType as DataType;
@@ -138,34 +140,26 @@ pub(crate) unsafe fn attrs_key(attrs: &sys::XLA_FFI_Attrs, key: &mut Vec<u8>) ->
 
 fn int(d: DataType, b: &[u8]) -> Option<i64> {
     use sys::*;
-    macro_rules! read {
-        ($t:ty) => {
-            <$t>::from_ne_bytes(b.try_into().ok()?)
-        };
-    }
     Some(match d {
-        XLA_FFI_DataType_XLA_FFI_DataType_S8 => read!(i8).into(),
-        XLA_FFI_DataType_XLA_FFI_DataType_S16 => read!(i16).into(),
-        XLA_FFI_DataType_XLA_FFI_DataType_S32 => read!(i32).into(),
-        XLA_FFI_DataType_XLA_FFI_DataType_S64 => read!(i64),
-        XLA_FFI_DataType_XLA_FFI_DataType_U8 => read!(u8).into(),
-        XLA_FFI_DataType_XLA_FFI_DataType_U16 => read!(u16).into(),
-        XLA_FFI_DataType_XLA_FFI_DataType_U32 => read!(u32).into(),
-        XLA_FFI_DataType_XLA_FFI_DataType_U64 => i64::try_from(read!(u64)).ok()?,
+        XLA_FFI_DataType_XLA_FFI_DataType_S8 => i8::from_ne(b)?.into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_S16 => i16::from_ne(b)?.into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_S32 => i32::from_ne(b)?.into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_S64 => i64::from_ne(b)?,
+        XLA_FFI_DataType_XLA_FFI_DataType_U8 => u8::from_ne(b)?.into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_U16 => u16::from_ne(b)?.into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_U32 => u32::from_ne(b)?.into(),
+        XLA_FFI_DataType_XLA_FFI_DataType_U64 => i64::try_from(u64::from_ne(b)?).ok()?,
         _ => return None,
     })
 }
 
 fn float(d: DataType, b: &[u8]) -> Option<f64> {
-    use kernel_core::half::{bf16, f16};
     use sys::*;
     Some(match d {
-        XLA_FFI_DataType_XLA_FFI_DataType_F32 => {
-            widen_f32_attr(f32::from_ne_bytes(b.try_into().ok()?))
-        }
-        XLA_FFI_DataType_XLA_FFI_DataType_F64 => f64::from_ne_bytes(b.try_into().ok()?),
-        XLA_FFI_DataType_XLA_FFI_DataType_F16 => f16::from_ne_bytes(b.try_into().ok()?).to_f64(),
-        XLA_FFI_DataType_XLA_FFI_DataType_BF16 => bf16::from_ne_bytes(b.try_into().ok()?).to_f64(),
+        XLA_FFI_DataType_XLA_FFI_DataType_F32 => widen_f32_attr(f32::from_ne(b)?),
+        XLA_FFI_DataType_XLA_FFI_DataType_F64 => f64::from_ne(b)?,
+        XLA_FFI_DataType_XLA_FFI_DataType_F16 => f16::from_ne(b)?.to_f64(),
+        XLA_FFI_DataType_XLA_FFI_DataType_BF16 => bf16::from_ne(b)?.to_f64(),
         _ => return None,
     })
 }

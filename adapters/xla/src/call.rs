@@ -44,36 +44,24 @@ impl Default for OpState {
     }
 }
 
-/// The generic handler: run `op_name` from `registry` on the call frame. Looks the op up
-/// and binds attributes on every call; exported handlers use [`handle_with`] and keep an
-/// [`OpState`] instead.
+/// The generic handler: run the op at position `index` of `registry` on the call frame, with
+/// the handler's own [`OpState`]. Every handler of [`export!`](crate::export)'s table calls
+/// it with its position and state.
 ///
 /// # Safety
 /// `frame` is null or a call frame handed to an FFI handler by XLA (or a test that builds
 /// one with the same guarantees).
 pub unsafe fn handle(
     registry: &'static Registry,
-    op_name: &str,
-    frame: *mut sys::XLA_FFI_CallFrame,
-) -> FfiError {
-    let state = OpState::new();
-    // SAFETY: the same contract as this function's, passed on unchanged.
-    unsafe { handle_with(registry, op_name, &state, frame) }
-}
-
-/// [`handle`] with per-symbol state (see [`OpState`]).
-///
-/// # Safety
-/// As for [`handle`].
-pub unsafe fn handle_with(
-    registry: &'static Registry,
-    op_name: &str,
+    index: usize,
     state: &OpState,
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> FfiError {
     if frame.is_null() {
         return std::ptr::null_mut();
     }
+    // (A position past the registry fails as an unknown op.)
+    let op_name = registry.ops().nth(index).map_or("", |o| o.name);
     // SAFETY: a non-null frame from XLA (this function's contract).
     let api = unsafe { (*frame).api };
     call::boundary(
@@ -94,7 +82,7 @@ unsafe fn handle_inner(
     state: &OpState,
     frame: *mut sys::XLA_FFI_CallFrame,
 ) -> Result<()> {
-    // SAFETY: `frame` is a non-null call frame from XLA, live for this call (`handle_with`'s
+    // SAFETY: `frame` is a non-null call frame from XLA, live for this call (`handle`'s
     // contract, checked non-null there); `struct_size` leads it in every version and is read
     // through the raw pointer, before any reference to a whole frame exists.
     let size = unsafe { (*frame).struct_size };

@@ -2,7 +2,6 @@
 
 use crate::sys;
 use kernel_core::{Error, ErrorKind};
-use std::ffi::CString;
 
 pub type FfiError = *mut sys::XLA_FFI_Error;
 
@@ -50,7 +49,7 @@ pub unsafe fn make_error(api: *const sys::XLA_FFI_Api, err: &Error) -> FfiError 
     let Some(create) = (unsafe { (*api).XLA_FFI_Error_Create }) else {
         return std::ptr::null_mut();
     };
-    let msg = CString::new(err.to_string().replace('\0', "\\0")).unwrap_or_default();
+    let msg = kernel_core::ffi::c_message(&err.to_string());
     let mut args = sys::XLA_FFI_Error_Create_Args {
         struct_size: sys::XLA_FFI_Error_Create_Args_STRUCT_SIZE as usize,
         extension_start: std::ptr::null_mut(),

@@ -4,15 +4,15 @@
 //! - [`call::handle`] is the one generic handler (call frame -> views -> kernel), written
 //!   against `xla/ffi/api/c_api.h` (bindings in [`sys`], generated once with bindgen from
 //!   the pinned jaxlib and committed; see `scripts/bindgen.conf` (`crates/polyop-build/scripts/regen-bindings.sh`)).
-//! - XLA needs one C symbol per target, while the adapter knows no op: [`export!`] takes a
-//!   target prefix, a registry and a list of op names and emits, for each, an `extern "C"`
-//!   function exported as `<prefix><name>` that delegates to the generic handler with the
-//!   op's name. The `libpolyop_xla.so` built from this crate (feature `stock`) exports the
-//!   stock ops with prefix `polyop_` through the same macro; a test checks that every registry
-//!   op (except in-place ones) has its symbol.
+//! - XLA calls a handler with no word of which target it serves, while the adapter knows no
+//!   op: [`export!`] takes a target prefix and a registry and instantiates a table of
+//!   handlers, one per registry position, each delegating to the generic handler with its
+//!   position, behind one lookup symbol `<prefix>xla_handler(name)`. The `libpolyop_xla.so`
+//!   built from this crate (feature `stock`) exports the stock ops with prefix `polyop_`
+//!   through the same macro; a test checks that every registry op (except in-place ones) has
+//!   its handler.
 //!
-//! From Python: `jax.ffi.register_ffi_target("polyop_topk",
-//! jax.ffi.pycapsule(ctypes.cdll.LoadLibrary(path).polyop_topk), platform="cpu")`.
+//! From Python: `polyop.jax.load()` registers every target (by hand: see [`export!`]).
 
 mod attrs;
 pub mod call;
@@ -32,7 +32,7 @@ mod register;
 pub mod sys;
 mod tensor;
 
-pub use call::{handle, handle_with, OpState};
+pub use call::OpState;
 pub use kernel_core::Registry;
 pub use register::{API_MAJOR, API_MINOR, PINNED_JAXLIB};
 
@@ -67,22 +67,6 @@ pub fn exported_names(registry: &Registry) -> Vec<&'static str> {
         .filter(|&(i, o)| is_exported(i, o))
         .map(|(_, o)| o.name)
         .collect()
-}
-
-/// [`handle_with`] for the op at `index` of `registry` (the handler table's entry point).
-///
-/// # Safety
-/// As for [`handle`].
-#[doc(hidden)]
-pub unsafe fn handle_index(
-    registry: &'static Registry,
-    index: usize,
-    state: &OpState,
-    frame: *mut sys::XLA_FFI_CallFrame,
-) -> *mut sys::XLA_FFI_Error {
-    let name = registry.ops().nth(index).map_or("", |o| o.name);
-    // SAFETY: the caller's guarantees, passed on (an unknown index fails as an unknown op).
-    unsafe { handle_with(registry, name, state, frame) }
 }
 
 #[doc(hidden)]
@@ -123,8 +107,8 @@ macro_rules! export {
             ) -> *mut $crate::sys::XLA_FFI_Error {
                 let registry: &'static $crate::Registry = $registry;
                 // SAFETY: XLA calls a handler with null or a call frame it built for this
-                // call, valid until the handler returns: `handle_index`'s contract.
-                unsafe { $crate::handle_index(registry, I, &STATES[I], frame) }
+                // call, valid until the handler returns: `call::handle`'s contract.
+                unsafe { $crate::call::handle(registry, I, &STATES[I], frame) }
             }
 
             static TABLE: [$crate::Handler; $crate::MAX_OPS] =
@@ -160,18 +144,6 @@ macro_rules! export {
             registry = $registry,
             exported = $crate::exported_names($registry),
         );
-    };
-}
-
-/// The stock form of [`export!`]: targets named `polyop_<name>`.
-///
-/// ```ignore
-/// polyop_xla::export_xla_handlers!(my_ops::registry());
-/// ```
-#[macro_export]
-macro_rules! export_xla_handlers {
-    ($registry:expr $(,)?) => {
-        $crate::export!(prefix = "polyop_", registry = $registry);
     };
 }
 

@@ -7,6 +7,7 @@
 //! claims tasks itself and never waits for a helper to start) with XLA's `Schedule` handing the
 //! helpers over.
 
+use crate::error::FfiError;
 use crate::sys;
 use kernel_core::parallel::{run_with_helpers, Helper};
 use kernel_core::ThreadPool;
@@ -16,6 +17,9 @@ use kernel_core::ThreadPool;
 pub struct XlaPool {
     api: *const sys::XLA_FFI_Api,
     ctx: *mut sys::XLA_FFI_ExecutionContext,
+    /// The table's `XLA_FFI_ThreadPool_NumThreads` and `XLA_FFI_ThreadPool_Schedule`.
+    num_threads_fn: unsafe extern "C" fn(*mut sys::XLA_FFI_ThreadPool_NumThreads_Args) -> FfiError,
+    schedule: unsafe extern "C" fn(*mut sys::XLA_FFI_ThreadPool_Schedule_Args) -> FfiError,
     /// XLA's thread count; 0 when XLA reports none (then kernel-core's default pool runs
     /// the tasks).
     threads: std::sync::OnceLock<usize>,
@@ -49,22 +53,17 @@ impl XlaPool {
         // checked by `check_api` to be at least our version's size, so the thread-pool entries
         // (API 0.1) are in it.
         let a = unsafe { &*api };
-        a.XLA_FFI_ThreadPool_NumThreads?;
-        a.XLA_FFI_ThreadPool_Schedule?;
         Some(XlaPool {
             api,
             ctx,
+            num_threads_fn: a.XLA_FFI_ThreadPool_NumThreads?,
+            schedule: a.XLA_FFI_ThreadPool_Schedule?,
             threads: std::sync::OnceLock::new(),
         })
     }
 
     fn threads(&self) -> usize {
         *self.threads.get_or_init(|| {
-            // SAFETY: checked present in `from_call`; api/ctx valid for the call.
-            let Some(num_threads_fn) = (unsafe { (*self.api).XLA_FFI_ThreadPool_NumThreads })
-            else {
-                return 0;
-            };
             let mut n: i64 = 0;
             let mut args = sys::XLA_FFI_ThreadPool_NumThreads_Args {
                 struct_size: sys::XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE as usize,
@@ -75,7 +74,7 @@ impl XlaPool {
             // SAFETY: `self.ctx` is the live execution context of this call (`from_call`'s
             // contract); `args` is a complete, correctly sized argument struct and `n` a
             // writable local.
-            let err = unsafe { num_threads_fn(&mut args) };
+            let err = unsafe { (self.num_threads_fn)(&mut args) };
             if !err.is_null() {
                 // SAFETY: `err` was just created by this table and is not used again.
                 unsafe { crate::error::destroy_error(self.api, err) };
@@ -108,10 +107,6 @@ impl ThreadPool for XlaPool {
             (0..num_tasks).for_each(f);
             return;
         }
-        // SAFETY: the API table of this call (`from_call`'s contract), checked to hold the entry.
-        let Some(schedule) = (unsafe { (*self.api).XLA_FFI_ThreadPool_Schedule }) else {
-            return (0..num_tasks).for_each(f);
-        };
         let mut hand_over = |helper: Helper| {
             let data = Box::into_raw(Box::new(helper)) as *mut std::ffi::c_void;
             let mut args = sys::XLA_FFI_ThreadPool_Schedule_Args {
@@ -124,7 +119,7 @@ impl ThreadPool for XlaPool {
             // SAFETY: `self.ctx` is the live execution context of this call; `args` is a
             // complete argument struct; `data` is a leaked `Box<Helper>` that `task_entry`
             // takes back exactly once when XLA runs it, and `task_entry` catches every panic.
-            let err = unsafe { schedule(&mut args) };
+            let err = unsafe { (self.schedule)(&mut args) };
             if err.is_null() {
                 return true;
             }

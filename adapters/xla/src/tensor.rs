@@ -2,28 +2,24 @@
 //! result buffers.
 
 use crate::sys;
+use kernel_core::ffi::slice_from_c;
 use kernel_core::{DTypeCodes, Error, OpDef, Result, TensorRef};
 
+/// The XLA element types polyop has no dtype for, named in messages.
+const OTHER_DTYPES: [(sys::XLA_FFI_DataType, &str); 8] = [
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_S8, "int8"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_S16, "int16"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_U8, "uint8"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_U16, "uint16"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_U32, "uint32"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_U64, "uint64"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_C64, "complex64"),
+    (sys::XLA_FFI_DataType_XLA_FFI_DataType_C128, "complex128"),
+];
+
 pub(crate) fn xla_dtype_name(d: sys::XLA_FFI_DataType) -> String {
-    let n = match d {
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_PRED => "bool",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S8 => "int8",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S16 => "int16",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S32 => "int32",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_S64 => "int64",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_U8 => "uint8",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_U16 => "uint16",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_U32 => "uint32",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_U64 => "uint64",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F16 => "float16",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_BF16 => "bfloat16",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F32 => "float32",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_F64 => "float64",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_C64 => "complex64",
-        sys::XLA_FFI_DataType_XLA_FFI_DataType_C128 => "complex128",
-        other => return format!("XLA dtype #{other}"),
-    };
-    n.to_string()
+    let name = XLA_DTYPES.name(d, &OTHER_DTYPES);
+    name.map_or_else(|| format!("XLA dtype #{d}"), String::from)
 }
 
 /// XLA element types of the polyop dtypes.
@@ -72,22 +68,17 @@ pub(crate) unsafe fn decode_buffer(
     if b.rank < 0 {
         return Err(Error::internal(format!("{}: negative rank", what())));
     }
-    let dims: Vec<usize> = if b.rank == 0 {
-        Vec::new()
-    } else {
-        // SAFETY: `dims` has `rank` (> 0 here) entries (this function's contract).
-        let d = unsafe { std::slice::from_raw_parts(b.dims, b.rank as usize) };
-        if d.iter().any(|&x| x < 0) {
-            return Err(Error::invalid(format!(
-                "{}: dynamic or negative dims {d:?} are not supported (static shapes only)",
-                what()
-            )));
-        }
-        d.iter().map(|&x| x as usize).collect()
-    };
+    // SAFETY: `dims` has `rank` entries (this function's contract).
+    let d = unsafe { slice_from_c(b.dims, b.rank as usize) };
+    if d.iter().any(|&x| x < 0) {
+        return Err(Error::invalid(format!(
+            "{}: dynamic or negative dims {d:?} are not supported (static shapes only)",
+            what()
+        )));
+    }
     Ok(RawBuffer {
         xla_dtype: b.dtype,
-        dims,
+        dims: d.iter().map(|&x| x as usize).collect(),
         data: b.data as *mut u8,
     })
 }
@@ -131,10 +122,9 @@ pub(crate) unsafe fn decode_inputs<'a>(
         let dtype = XLA_DTYPES
             .dtype(b.xla_dtype)
             .ok_or_else(|| op.unsupported_dtype(&arg.name, &xla_dtype_name(b.xla_dtype)))?;
-        let strides = kernel_core::contiguous_strides(&b.dims);
         // SAFETY: XLA passes dense row-major (default layout) buffers valid for the call.
         out.push(Some(unsafe {
-            TensorRef::from_raw(dtype, b.dims, strides, b.data)
+            TensorRef::from_raw_contiguous(dtype, b.dims, b.data)
         }));
     }
     Ok(out)
