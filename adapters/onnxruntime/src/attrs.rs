@@ -6,6 +6,7 @@
 //! being ignored.
 
 use crate::sys::{string_from_buf, Api};
+use kernel_core::ffi::{ne_values, FromNeBytes};
 use kernel_core::{widen_f32_attr, ArgType, AttrSource, AttrValue, Attrs, OpDef, Result};
 use ort_sys::{OrtKernelInfo, OrtOpAttr, OrtOpAttrType as A, OrtShapeInferContext};
 use std::ffi::{c_char, CString};
@@ -114,7 +115,7 @@ impl Reader for ShapeCtx {
         let b = self
             .attr(n)
             .and_then(|a| unsafe { self.0.read_attr_scalar(a, A::ORT_OP_ATTR_FLOAT) });
-        b.map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        b.and_then(|b| f32::from_ne(&b[..4]))
     }
     fn string(&self, n: &CString) -> Option<String> {
         // ReadOpAttr(STRING) succeeds on any attribute (an int attribute reads as ""), which
@@ -122,20 +123,10 @@ impl Reader for ShapeCtx {
         Some(string_from_buf(self.bytes(n, A::ORT_OP_ATTR_STRING)?))
     }
     fn ints(&self, n: &CString) -> Option<Vec<i64>> {
-        let b = self.bytes(n, A::ORT_OP_ATTR_INTS)?;
-        Some(
-            b.chunks_exact(8)
-                .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        )
+        Some(ne_values(&self.bytes(n, A::ORT_OP_ATTR_INTS)?))
     }
     fn floats(&self, n: &CString) -> Option<Vec<f32>> {
-        let b = self.bytes(n, A::ORT_OP_ATTR_FLOATS)?;
-        Some(
-            b.chunks_exact(4)
-                .map(|c| f32::from_ne_bytes(c.try_into().expect("4 bytes")))
-                .collect(),
-        )
+        Some(ne_values(&self.bytes(n, A::ORT_OP_ATTR_FLOATS)?))
     }
 }
 

@@ -2,9 +2,9 @@
 //! `OrtStatus*` values; statuses from ONNX Runtime become polyop errors.
 
 use crate::sys::Api;
+use kernel_core::ffi::{c_message, string_from_c};
 use kernel_core::{call, Error, ErrorKind, OpDef, Result};
 use ort_sys::{OrtErrorCode, OrtStatus, OrtStatusPtr};
-use std::ffi::{CStr, CString};
 
 /// Run `f` at the FFI boundary: an error or a panic becomes an `OrtStatus*` naming `op`.
 pub(crate) fn guard(api: Api, op: &OpDef, f: impl FnOnce() -> Result<()>) -> OrtStatusPtr {
@@ -22,9 +22,7 @@ impl Api {
         // SAFETY: a non-null status from this API; released exactly once here.
         unsafe {
             let code = (self.0.GetErrorCode)(st.0);
-            let msg = CStr::from_ptr((self.0.GetErrorMessage)(st.0))
-                .to_string_lossy()
-                .into_owned();
+            let msg = string_from_c((self.0.GetErrorMessage)(st.0)).unwrap_or_default();
             (self.0.ReleaseStatus)(st.0);
             Err(Error {
                 kind: if code == OrtErrorCode::ORT_INVALID_ARGUMENT {
@@ -58,8 +56,7 @@ impl Api {
     }
 
     pub fn status_msg(&self, code: OrtErrorCode, msg: &str) -> *mut OrtStatus {
-        let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
         // SAFETY: CreateStatus copies the message.
-        unsafe { (self.0.CreateStatus)(code, c.as_ptr()).0 }
+        unsafe { (self.0.CreateStatus)(code, c_message(msg).as_ptr()).0 }
     }
 }

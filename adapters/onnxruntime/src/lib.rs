@@ -57,15 +57,6 @@ fn custom_ops(registry: &'static Registry, api: Api) -> &'static [PolyOp] {
     })
 }
 
-/// The ONNX op types `registry` is exposed as (in-place ops are skipped).
-pub fn op_types(registry: &Registry) -> Vec<String> {
-    registry
-        .ops()
-        .filter(|op| !op.flags.inplace)
-        .map(|op| op.onnx_op_type().to_string())
-        .collect()
-}
-
 /// Register every op of `registry` on `options` in the `ai.polyop` domain. What a library's
 /// `RegisterCustomOps` export calls.
 ///

@@ -11,6 +11,7 @@
 //! `CreateKernelV2`, a value or attribute obtained from one of those), and each index is below
 //! the count the same handle reports.
 
+use kernel_core::ffi::{slice_from_c, string_from_c};
 use kernel_core::{with_i64_dims, Dim, Error, Result};
 use ort_sys::{
     ONNXTensorElementDataType as ET, OrtApi, OrtKernelContext, OrtKernelInfo, OrtOpAttr,
@@ -72,9 +73,7 @@ static RUNTIME: std::sync::OnceLock<(String, u32)> = std::sync::OnceLock::new();
 pub unsafe fn runtime(base: &ort_sys::OrtApiBase) -> &'static (String, u32) {
     RUNTIME.get_or_init(|| {
         // SAFETY: `GetVersionString` returns a static NUL-terminated string of the library.
-        let v = unsafe { CStr::from_ptr((base.GetVersionString)()) }
-            .to_string_lossy()
-            .into_owned();
+        let v = unsafe { string_from_c((base.GetVersionString)()) }.unwrap_or_default();
         let api = v
             .split('.')
             .nth(1)
@@ -122,6 +121,13 @@ fn shape_ref_fn() -> Option<ShapeRefFn> {
 /// A dimension as ONNX Runtime reports it: -1 (or any negative) = unknown.
 fn dim_from_ort(d: i64) -> Option<usize> {
     usize::try_from(d).ok()
+}
+
+/// A value's dims at run time, all known.
+fn runtime_shape(dims: &[i64]) -> Result<Vec<usize>> {
+    dims.iter()
+        .map(|&d| dim_from_ort(d).ok_or_else(|| Error::internal("negative runtime dim")))
+        .collect()
 }
 
 /// A string attribute's bytes as a String. Every NUL is part of the value (binding then
@@ -178,16 +184,12 @@ impl Api {
             .zip(names)
             .map(|(d, name)| match dim_from_ort(d) {
                 Some(v) => Dim::Known(v),
-                None if named && !name.is_null() => {
-                    // SAFETY: a non-null name from `GetSymbolicDimensions` is a NUL-terminated
-                    // string owned by `info`, live here (see above).
-                    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-                    if name.is_empty() {
-                        Dim::Unknown
-                    } else {
-                        Dim::sym(name.as_ref())
-                    }
-                }
+                // SAFETY: a non-null name from a successful `GetSymbolicDimensions` is a
+                // NUL-terminated string owned by `info`, live here (see above).
+                None if named => match unsafe { string_from_c(name) } {
+                    Some(name) if !name.is_empty() => Dim::sym(&name),
+                    _ => Dim::Unknown,
+                },
                 None => Dim::Unknown,
             })
             .collect();
@@ -199,23 +201,10 @@ impl Api {
     /// onnxruntime) when the runtime has it, else the `OrtTensorTypeAndShapeInfo` sequence.
     pub unsafe fn value_type_shape(&self, v: *const OrtValue) -> Result<(ET, Vec<usize>)> {
         if let Some(f) = shape_ref_fn() {
-            let mut et = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-            let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
-            // SAFETY: `f` is this runtime's `GetTensorElementTypeAndShapeDataReference`
-            // (`init_shape_ref` sets it only from a table of API >= 24); `v` is a live tensor
-            // value (the module's contract); the out-pointers are writable locals.
-            unsafe { self.check(f(v, &mut et, &mut data, &mut n))? };
-            let dims: &[i64] = if n == 0 || data.is_null() {
-                &[]
-            } else {
-                // SAFETY: onnxruntime's own shape array of `n` dims, alive as long as `v`.
-                unsafe { std::slice::from_raw_parts(data, n) }
-            };
-            let shape = dims
-                .iter()
-                .map(|&d| dim_from_ort(d).ok_or_else(|| Error::internal("negative runtime dim")))
-                .collect::<Result<Vec<_>>>()?;
-            return Ok((et, shape));
+            // SAFETY: `f` is from `shape_ref_fn`; `v` is a live tensor value (the module's
+            // contract).
+            let (et, dims) = unsafe { self.shape_ref(f, v) }?;
+            return Ok((et, runtime_shape(dims)?));
         }
         let mut info: *mut OrtTensorTypeAndShapeInfo = ptr::null_mut();
         // SAFETY: `v` is a live tensor value (the module's contract). `info` is used only after
@@ -226,30 +215,31 @@ impl Api {
             let r = self.info_type_dims(info);
             (self.0.ReleaseTensorTypeAndShapeInfo)(info);
             let (et, dims) = r?;
-            let shape = dims
-                .into_iter()
-                .map(|d| dim_from_ort(d).ok_or_else(|| Error::internal("negative runtime dim")))
-                .collect::<Result<Vec<_>>>()?;
-            Ok((et, shape))
+            Ok((et, runtime_shape(&dims)?))
         }
+    }
+
+    /// Element type and borrowed dims of a tensor value through
+    /// `GetTensorElementTypeAndShapeDataReference` (nothing allocated by onnxruntime).
+    ///
+    /// # Safety
+    /// `f` is from [`shape_ref_fn`] (so this runtime's entry: `init_shape_ref` sets it only from
+    /// a table of API >= 24), `v` a live tensor value; the dims are used only while it lives.
+    unsafe fn shape_ref<'v>(&self, f: ShapeRefFn, v: *const OrtValue) -> Result<(ET, &'v [i64])> {
+        let mut et = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+        let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
+        // SAFETY: this function's contract; the out-pointers are writable locals.
+        unsafe { self.check(f(v, &mut et, &mut data, &mut n))? };
+        // SAFETY: onnxruntime's own shape array of `n` dims, alive as long as `v`.
+        Ok((et, unsafe { slice_from_c(data, n) }))
     }
 
     /// Whether tensor value `v` has element type `et` and dims `shape`.
     pub unsafe fn value_is(&self, v: *const OrtValue, et: ET, shape: &[usize]) -> Result<bool> {
         if let Some(f) = shape_ref_fn() {
-            let mut got = ET::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-            let (mut data, mut n): (*const i64, usize) = (ptr::null(), 0);
             // SAFETY: as in `value_type_shape`.
-            unsafe { self.check(f(v, &mut got, &mut data, &mut n))? };
-            if got != et || n != shape.len() {
-                return Ok(false);
-            }
-            if n == 0 {
-                return Ok(true);
-            }
-            // SAFETY: onnxruntime's own shape array of `n` dims, alive as long as `v`.
-            let dims = unsafe { std::slice::from_raw_parts(data, n) };
-            return Ok(dims.iter().zip(shape).all(|(&d, &s)| d == s as i64));
+            let (got, dims) = unsafe { self.shape_ref(f, v) }?;
+            return Ok(got == et && dims.iter().copied().eq(shape.iter().map(|&s| s as i64)));
         }
         // SAFETY: `v` is a live tensor value (the module's contract).
         let (got, dims) = unsafe { self.value_type_shape(v) }?;

@@ -3,9 +3,7 @@
 
 use crate::sys::Api;
 use kernel_core::op::OutputAllocator;
-use kernel_core::{
-    contiguous_strides, DType, DTypeCodes, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef,
-};
+use kernel_core::{DType, DTypeCodes, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef};
 use ort_sys::{ONNXTensorElementDataType as ET, OrtKernelContext};
 
 /// ONNX element types of the polyop dtypes.
@@ -73,11 +71,10 @@ pub(crate) unsafe fn inputs<'a>(
             .ok_or_else(|| unsupported_type(op, i, et))?;
         // SAFETY: as above.
         let ptr = unsafe { api.tensor_data(v) }?;
-        let strides = contiguous_strides(&shape);
         // SAFETY: onnxruntime tensors are dense row-major buffers of `shape`, alive for the
         // compute call.
         inputs.push(Some(unsafe {
-            TensorRef::from_raw(dtype, shape, strides, ptr)
+            TensorRef::from_raw_contiguous(dtype, shape, ptr)
         }));
     }
     Ok(inputs)
