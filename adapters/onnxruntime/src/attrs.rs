@@ -92,8 +92,7 @@ struct ShapeCtx(Api, *const OrtShapeInferContext);
 impl ShapeCtx {
     fn attr(&self, n: &CString) -> Option<*const OrtOpAttr> {
         // SAFETY: the context is live for the InferOutputShapeFn call that built this.
-        let a = unsafe { self.0.sic_attr(self.1, n) };
-        (!a.is_null()).then_some(a)
+        unsafe { self.0.sic_attr(self.1, n) }
     }
     fn bytes(&self, n: &CString, ty: A) -> Option<Vec<u8>> {
         // SAFETY: a non-null attribute of the live context.

@@ -24,15 +24,11 @@ impl Api {
             let code = (self.0.GetErrorCode)(st.0);
             let msg = string_from_c((self.0.GetErrorMessage)(st.0)).unwrap_or_default();
             (self.0.ReleaseStatus)(st.0);
-            Err(Error {
-                kind: if code == OrtErrorCode::ORT_INVALID_ARGUMENT {
-                    ErrorKind::InvalidArgument
-                } else {
-                    ErrorKind::Internal
-                },
-                op: String::new(),
-                namespace: "",
-                message: format!("onnxruntime: {msg}"),
+            let msg = format!("onnxruntime: {msg}");
+            Err(if code == OrtErrorCode::ORT_INVALID_ARGUMENT {
+                Error::invalid(msg)
+            } else {
+                Error::internal(msg)
             })
         }
     }

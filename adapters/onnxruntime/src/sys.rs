@@ -372,19 +372,16 @@ impl Api {
         }
     }
 
+    /// The node's attribute `name`; `None` if it has none.
     pub unsafe fn sic_attr(
         &self,
         ctx: *const OrtShapeInferContext,
         name: &CStr,
-    ) -> *const OrtOpAttr {
-        let mut a: *const OrtOpAttr = ptr::null();
+    ) -> Option<*const OrtOpAttr> {
         // SAFETY: `ctx` is a live shape-inference context (the module's contract); `name` is
         // NUL-terminated; `a` is a writable local.
-        let st = unsafe { (self.0.ShapeInferContext_GetAttribute)(ctx, name.as_ptr(), &mut a) };
-        if self.check(st).is_err() {
-            return ptr::null();
-        }
-        a
+        let get = |a| unsafe { (self.0.ShapeInferContext_GetAttribute)(ctx, name.as_ptr(), a) };
+        self.out(ptr::null(), get).ok().filter(|a| !a.is_null())
     }
 
     /// Read an attribute as `ty`; `None` if it does not hold that type.

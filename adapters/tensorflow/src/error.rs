@@ -2,15 +2,17 @@
 //! `InternalError` in Python).
 
 use crate::sys::*;
+use kernel_core::ffi::c_message;
 use kernel_core::{Error, ErrorKind};
 
-/// Report `e` through `status`.
+/// Report `e` through `status` (interior NULs of the message made visible).
 ///
 /// # Safety
 /// `status` is a live `TF_Status`.
 pub(crate) unsafe fn report(status: *mut TF_Status, e: &Error) {
-    // SAFETY: this function's contract.
-    unsafe { set_status(status, status_code(e.kind), &e.to_string()) }
+    let msg = c_message(&e.to_string());
+    // SAFETY: `status` is live (this function's contract); TF copies the message.
+    unsafe { TF_SetStatus(status, status_code(e.kind), msg.as_ptr()) }
 }
 
 /// A new status carrying `e`, for the calls that take one to report a failure.

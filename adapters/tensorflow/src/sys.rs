@@ -65,11 +65,3 @@ pub unsafe fn message_of(s: *const TF_Status) -> String {
     // SAFETY: `TF_Message` returns null or a NUL-terminated string owned by the live status.
     unsafe { kernel_core::ffi::string_from_c(TF_Message(s)) }.unwrap_or_default()
 }
-
-/// Set `status` to `code` with `msg` (interior NULs replaced).
-/// # Safety
-/// `status` must be a live status.
-pub unsafe fn set_status(status: *mut TF_Status, code: TF_Code, msg: &str) {
-    // SAFETY: status is live; TF copies the message.
-    unsafe { TF_SetStatus(status, code, kernel_core::ffi::c_message(msg).as_ptr()) }
-}

@@ -102,10 +102,6 @@ pub(crate) fn dtype_from_code(code: i32) -> std::result::Result<DType, String> {
     })
 }
 
-pub(crate) fn code_from_dtype(d: DType) -> i32 {
-    codes().dtypes.code(d)
-}
-
 /// One input tensor: its device and a view of it.
 pub(crate) struct Info<'a> {
     pub device_type: i32,
@@ -180,7 +176,7 @@ pub(crate) fn empty(dtype: DType, shape: &[usize], device: (i32, i32)) -> Result
                 sizes.len() as i64,
                 sizes.as_ptr(),
                 strides.as_ptr(),
-                code_from_dtype(dtype),
+                codes().dtypes.code(dtype),
                 device.0,
                 device.1,
                 &mut h,
