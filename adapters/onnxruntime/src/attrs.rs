@@ -32,7 +32,7 @@ impl<R: Reader> AttrSource for Source<R> {
         Ok(match ty {
             ArgType::Float => float().or_else(int).or_else(string),
             ArgType::Str => string().or_else(int).or_else(float),
-            ArgType::IntList => r.ints(&n).map(AttrValue::IntList),
+            ArgType::IntList(_) => r.ints(&n).map(AttrValue::IntList).or_else(int),
             ArgType::FloatList => r
                 .floats(&n)
                 .map(|v| AttrValue::FloatList(v.into_iter().map(widen_f32_attr).collect())),
