@@ -368,7 +368,7 @@ BAD = [
     (lambda: RAW.polyop_topk(tf.ones([2, 3]), k=1, axis=-3), tf.errors.InvalidArgumentError, "polyop.topk: axis -3"),
     (lambda: RAW.polyop_gelu(tf.ones([2]), approximate="fast"), tf.errors.InvalidArgumentError, 'polyop.gelu: approximate must be "none" or "tanh", got "fast"'),
     (lambda: RAW.polyop_rms_norm(tf.ones([2, 8]), weight=[tf.ones([7])]), tf.errors.InvalidArgumentError,
-     "polyop.rms_norm: weight must have shape [8] (the last dim of x), got [7]"),
+     "polyop.rms_norm: weight must have shape [8] (x.shape[axis:] for axis=-1), got [7]"),
     (lambda: RAW.polyop_conv2d(tf.ones([1, 3, 5, 5]), tf.ones([2, 4, 3, 3]), bias=[]), tf.errors.InvalidArgumentError,
      "polyop.conv2d: input has 3 channels but weight expects 4"),
     (lambda: RAW.polyop_conv2d(tf.ones([1, 3, 5, 5]), tf.ones([2, 3, 3, 3]), bias=[], stride=0),

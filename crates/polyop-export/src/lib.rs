@@ -81,6 +81,8 @@ pub fn op_json(op: &OpDef) -> Value {
             json!({
                 "name": a.name,
                 "type": a.ty.schema_name(),
+                // the fixed length of an `int[N]` (its "type" is the kind, `int[]`)
+                "len": a.ty.fixed_len(),
                 "default": a.default.as_ref().map(attr_json).unwrap_or(Value::Null),
                 "required": a.default.is_none(),
                 "role": if op.axis_attrs.contains(&a.name.as_str()) {
