@@ -5,6 +5,7 @@ hand-computed value, never against polyop itself."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -33,11 +34,18 @@ SPEC_SCHEMAS = {
     "add_relu": "add_relu(Tensor x, Tensor y) -> Tensor",
     "gelu": 'gelu(Tensor x, str approximate="none") -> Tensor',
     "softmax": "softmax(Tensor x, int axis=-1) -> Tensor",
-    "rms_norm": "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06) -> Tensor",
+    "rms_norm": "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, int axis=-1) -> Tensor",
     "topk": "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)",
-    "conv2d": "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> Tensor",
+    "conv2d": "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, "
+              "int[2] dilation=1, int groups=1) -> Tensor",
     "nonzero": "nonzero(Tensor x) -> Tensor",
 }
+
+
+def torch_form(schema: str) -> str:
+    """A polyop schema as torch declares it: an `int[]` with a single-int default is torch's
+    `int[1]` ("a list or one int"; torch's `int[]` refuses a scalar default), docs/torch.md."""
+    return re.sub(r"\bint\[\] (\w+)=(-?\d+)", r"int[1] \1=\2", schema)
 
 
 def registered() -> list[dict]:
@@ -112,13 +120,13 @@ def test_spec_schemas_registered_exactly():
     assert not missing, f"SPEC ops missing from the registry: {missing}"
     for name, schema in SPEC_SCHEMAS.items():
         # compare parsed schemas: torch prints float defaults its own way (1e-06 -> 9.99...e-07)
-        assert getattr(ops, name).default._schema == torch._C.parse_schema(f"polyop::{schema}")
+        assert getattr(ops, name).default._schema == torch._C.parse_schema(f"polyop::{torch_form(schema)}")
 
 
 def test_every_registry_op_is_a_dispatcher_op_with_its_schema():
     for o in registered():
         op = getattr(ops, o["name"]).default
-        assert op._schema == torch._C.parse_schema("polyop::" + o["schema"])
+        assert op._schema == torch._C.parse_schema("polyop::" + torch_form(o["schema"]))
         for key in ("CPU", "Meta"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"polyop::{o['name']}", key)
     assert str(ops.rms_norm_backward.default._schema).startswith("polyop::rms_norm_backward(")
