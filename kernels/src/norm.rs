@@ -176,9 +176,9 @@ where
         expect_shape("weight", &w.shape, want)?;
         let mut copy = None;
         let w = fold(w, 0, &mut copy);
+        let stride = w.strides.first().copied().unwrap_or(1);
         // SAFETY: w has shape `want` (checked just above), folded to [n] (or rank 0 with
         // n == 1), so offsets `j * stride`, `j < n`, are its elements; it is only read.
-        let stride = w.strides.first().copied().unwrap_or(1);
         unsafe { load_strided(in_ptr::<T>(&w)?, 0, stride, &mut wb) };
     }
     Ok(wb)
