@@ -78,11 +78,9 @@ pub fn op_json(op: &OpDef) -> Value {
         .schema
         .attr_args()
         .map(|a| {
-            json!({
+            let mut v = json!({
                 "name": a.name,
                 "type": a.ty.schema_name(),
-                // the fixed length of an `int[N]` (its "type" is the kind, `int[]`)
-                "len": a.ty.fixed_len(),
                 "default": a.default.as_ref().map(attr_json).unwrap_or(Value::Null),
                 "required": a.default.is_none(),
                 "role": if op.axis_attrs.contains(&a.name.as_str()) {
@@ -90,7 +88,12 @@ pub fn op_json(op: &OpDef) -> Value {
                 } else {
                     Value::Null
                 },
-            })
+            });
+            // the fixed length of an `int[N]` (whose "type" is the kind, `int[]`)
+            if let Some(n) = a.ty.fixed_len() {
+                v["len"] = json!(n);
+            }
+            v
         })
         .collect();
     let backward = match &op.backward {
