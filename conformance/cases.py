@@ -131,6 +131,9 @@ def binary(g: Gen, op: str, grad: bool):
 
 def cases() -> list[Case]:
     g = Gen(20240611)
+    # the cases added with conv2d's groups/dilation and rms_norm's axis draw from their own
+    # generator, so the data of the cases before them stays what it was
+    gn = Gen(2121)
     out: list[Case] = []
 
     # --- elementwise ------------------------------------------------------------------
@@ -193,6 +196,17 @@ def cases() -> list[Case]:
                  tags=("strided",)),
             Case("rms_norm", [g.arr((0, 4), dt), g.arr((4,), dt)], {}, _cid("rms_norm", dt, "empty"),
                  tags=("empty",)),
+            # axis: every dim from axis on is normalised; weight has shape x.shape[axis:]
+            Case("rms_norm", [gn.arr((3, 2, 5), dt), gn.arr((2, 5), dt)], {"axis": -2},
+                 _cid("rms_norm", dt, "axis-2"), grad=dt == "float64"),
+            Case("rms_norm", [gn.arr((2, 3, 4), dt), gn.arr((3, 4), dt)], {"axis": 1, "eps": 0.01},
+                 _cid("rms_norm", dt, "axis1-rank3"), grad=dt == "float64"),
+            Case("rms_norm", [gn.arr((2, 3, 4), dt), None], {"axis": 1}, _cid("rms_norm", dt, "axis1-no-weight"),
+                 grad=dt == "float64"),
+            Case("rms_norm", [gn.arr((3, 4), dt), gn.arr((3, 4), dt)], {"axis": 0}, _cid("rms_norm", dt, "axis0-all")),
+            # normalised dims whose strides do not merge (a transposed view), and a strided weight
+            Case("rms_norm", [gn.transposed((2, 4, 3), dt), gn.sliced((4, 3), dt)], {"axis": -2},
+                 _cid("rms_norm", dt, "axis-2-strided"), tags=("strided",)),
         ]
         if dt in ("float32", "float64"):
             out += [
@@ -242,6 +256,24 @@ def cases() -> list[Case]:
             Case("conv2d", [x, w, None], {"stride": 2, "padding": 2}, _cid("conv2d", dt, "stride2-padding2")),
             Case("conv2d", [np.swapaxes(g.arr((1, 3, 5, 6), dt), -1, -2), g.transposed((4, 3, 2, 2), dt), None],
                  {}, _cid("conv2d", dt, "strided"), tags=("strided",)),
+        ]
+        # groups, dilation, per-axis stride, 2- and 4-element (asymmetric) padding
+        xg, wg, bg = gn.arr((2, 4, 6, 5), dt, lo=-1, hi=1), gn.arr((6, 2, 3, 3), dt, lo=-1, hi=1), gn.arr((6,), dt)
+        xd, wd = gn.arr((2, 3, 7, 6), dt, lo=-1, hi=1), gn.arr((6, 1, 3, 3), dt, lo=-1, hi=1)
+        out += [
+            Case("conv2d", [xg, wg, bg], {"groups": 2}, _cid("conv2d", dt, "groups2"), grad=grad),
+            Case("conv2d", [xd, wd[:3], bg[:3]], {"groups": 3, "padding": 1}, _cid("conv2d", dt, "depthwise"),
+                 grad=grad),
+            Case("conv2d", [xd, wd, None], {"groups": 3, "stride": 2}, _cid("conv2d", dt, "depthwise-multiplier2")),
+            Case("conv2d", [x, w, b], {"dilation": 2, "padding": 2}, _cid("conv2d", dt, "dilation2"), grad=grad),
+            Case("conv2d", [x, w, b], {"stride": [2, 1], "padding": [1, 0]}, _cid("conv2d", dt, "stride21-padding2"),
+                 grad=grad),
+            Case("conv2d", [x, w, None], {"stride": [1, 2], "padding": [1, 0, 2, 1], "dilation": [2, 1]},
+                 _cid("conv2d", dt, "pads4-asymmetric-dilation21"), grad=grad),
+            Case("conv2d", [xg, wg, bg], {"stride": 2, "padding": [0, 1, 1, 2], "dilation": [1, 2], "groups": 2},
+                 _cid("conv2d", dt, "groups2-all-attrs"), grad=grad),
+            Case("conv2d", [np.swapaxes(gn.arr((1, 4, 5, 6), dt), -1, -2), gn.transposed((4, 2, 2, 2), dt), None],
+                 {"groups": 2, "dilation": [1, 2]}, _cid("conv2d", dt, "groups2-strided"), tags=("strided",)),
         ]
         if dt in ("float32", "float64"):
             out += [
@@ -322,6 +354,25 @@ def bad_inputs(g: Gen) -> list[Case]:
         bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"padding": -1}, "padding must be >= 0",
             "negative-padding"),
         bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"stride": 0}, "stride", "stride-zero"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 1, 3, 3), None], {"groups": 2},
+            "groups=2 does not divide the input's 3 channels", "groups-not-dividing-channels"),
+        bad("conv2d", [f32(1, 4, 5, 5), f32(3, 2, 3, 3), None], {"groups": 2},
+            "groups=2 does not divide the 3 output channels", "groups-not-dividing-outputs"),
+        bad("conv2d", [f32(1, 4, 5, 5), f32(2, 4, 3, 3), None], {"groups": 2},
+            "weight expects 4 per group x groups=2", "groups-weight-shape"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"groups": 0}, "groups must be >= 1", "groups-zero"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"padding": [1, 1, 1]},
+            "padding must have 1, 2 or 4 values", "padding-3-values"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"dilation": [1, 0]}, "dilation must be >= 1",
+            "dilation-zero"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"stride": [1, 1, 1]},
+            "`stride` must be int[2]", "stride-3-values"),
+        bad("conv2d", [f32(1, 3, 5, 5), f32(2, 3, 3, 3), None], {"dilation": 3}, "larger than",
+            "dilated-kernel-larger-than-input"),
+        bad("rms_norm", [f32(2, 4), None], {"axis": 2}, "out of range", "axis-out-of-range"),
+        bad("rms_norm", [f32(2, 4), None], {"axis": -3}, "out of range", "negative-axis-out-of-range"),
+        bad("rms_norm", [f32(2, 3, 4), f32(4)], {"axis": -2}, "(x.shape[axis:] for axis=-2), got [",
+            "weight-shape-axis"),
     ]
 
 
@@ -331,6 +382,7 @@ def backward_cases(g: Gen) -> list[Case]:
     float64; these pin every dtype and every framework to an independent reference)."""
     import reference as ref  # conformance/reference.py: the forward reference
 
+    gn = Gen(2424)  # for the cases added with groups/dilation/axis (see cases())
     out: list[Case] = []
     for dt in NUMERIC:
         fl = dt in FLOAT
@@ -382,6 +434,12 @@ def backward_cases(g: Gen) -> list[Case]:
                  _cid("rms_norm_backward", dt, "eps")),
             Case("rms_norm_backward", [g.sliced((4, 6), dt), g.transposed((4, 6), dt), g.sliced((6,), dt)], {},
                  _cid("rms_norm_backward", dt, "strided"), tags=("strided",)),
+            Case("rms_norm_backward", [gn.arr((3, 2, 5), dt), gn.arr((3, 2, 5), dt), gn.arr((2, 5), dt)], {"axis": -2},
+                 _cid("rms_norm_backward", dt, "axis-2")),
+            Case("rms_norm_backward", [gn.arr((2, 3, 4), dt), gn.arr((2, 3, 4), dt), None], {"axis": 1},
+                 _cid("rms_norm_backward", dt, "axis1-no-weight")),
+            Case("rms_norm_backward", [gn.arr((2, 4, 3), dt), gn.transposed((2, 4, 3), dt), gn.sliced((4, 3), dt)],
+                 {"axis": 1}, _cid("rms_norm_backward", dt, "axis1-strided"), tags=("strided",)),
         ]
         x, w, b = g.arr((2, 3, 6, 5), dt, lo=-1, hi=1), g.arr((4, 3, 3, 3), dt, lo=-1, hi=1), g.arr((4,), dt)
         for stride, padding, bias in ((1, 0, None), (1, 1, b), (2, 0, b), (2, 2, None)):
@@ -389,6 +447,20 @@ def backward_cases(g: Gen) -> list[Case]:
             out.append(Case("conv2d_backward", [g.arr((2, 4, oh, ow), dt), x, w, bias],
                             {"stride": stride, "padding": padding},
                             _cid("conv2d_backward", dt, f"s{stride}p{padding}{'-bias' if bias is not None else ''}")))
+        # groups (grouped, depthwise), dilation, per-axis stride, asymmetric pads
+        xg, wg, wd = gn.arr((2, 4, 6, 5), dt, lo=-1, hi=1), gn.arr((6, 2, 3, 3), dt, lo=-1, hi=1), \
+            gn.arr((8, 1, 3, 3), dt, lo=-1, hi=1)
+        for desc, xx, ww, attrs in (
+            ("groups2", xg, wg, {"groups": 2}),
+            ("depthwise-padding1", xg, wd, {"groups": 4, "padding": 1}),
+            ("dilation2-padding2", x, w, {"dilation": 2, "padding": 2}),
+            ("stride21-padding2", x, w, {"stride": [2, 1], "padding": [1, 0]}),
+            ("pads4-dilation21", x, w, {"stride": [1, 2], "padding": [1, 0, 2, 1], "dilation": [2, 1]}),
+            ("groups2-all-attrs", xg, wg, {"stride": 2, "padding": [0, 1, 1, 2], "dilation": [1, 2], "groups": 2}),
+        ):
+            yo = ref.conv2d(xx, ww, None, **attrs)[0][0]
+            out.append(Case("conv2d_backward", [gn.arr(yo.shape, dt), xx, ww, gn.arr((ww.shape[0],), dt)], attrs,
+                            _cid("conv2d_backward", dt, desc)))
     return out
 
 

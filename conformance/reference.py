@@ -100,18 +100,21 @@ def softmax(x, axis=-1):
     return [_float_result((e / np.sum(e, axis=axis, keepdims=True)).astype(np.float64), x)]
 
 
-def rms_norm(x, weight=None, eps=1e-6):
+def _norm_axes(v, axis):
+    """The dims rms_norm reduces: every dim from ``axis`` on (a rank-0 x is one element)."""
+    a = range(v.ndim)[int(axis)]  # Python indexing: negative from the end, IndexError if out of range
+    return tuple(range(a, v.ndim))
+
+
+def rms_norm(x, weight=None, eps=1e-6, axis=-1):
     v = _f64(x)
-    if v.ndim == 0:
-        v2 = v.reshape(1)
-    else:
-        v2 = v
+    v2 = v.reshape(1) if v.ndim == 0 else v
     if v2.size == 0:
         return [_float_result(v.copy(), x)]
-    ms = np.mean(v2 * v2, axis=-1, keepdims=True)
+    ms = np.mean(v2 * v2, axis=_norm_axes(v2, axis), keepdims=True)
     out = v2 / np.sqrt(ms + float(eps))
     if weight is not None:
-        out = out * _f64(weight)
+        out = out * _f64(weight)  # weight has shape x.shape[axis:]: broadcasts over the leading dims
     return [_float_result(out.reshape(v.shape), x)]
 
 
@@ -147,24 +150,53 @@ def topk(x, k, axis=-1, largest=True):
     return [np.ascontiguousarray(values), np.ascontiguousarray(idx)]
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0):
-    x = _f64(input)
-    w = _f64(weight)
+def _ints(v) -> list[int]:
+    return [int(v)] if np.ndim(v) == 0 else [int(a) for a in v]
+
+
+def _conv_geometry(x, w, stride, padding, dilation, groups):
+    """SPEC conv2d's attributes as plain numbers: strides (sh, sw), dilations (dh, dw), pads
+    (top, left, bottom, right), groups, and the output size (oh, ow)."""
+    st, dl, p = _ints(stride), _ints(dilation), _ints(padding)
+    sh, sw = st * 2 if len(st) == 1 else st
+    dh, dw = dl * 2 if len(dl) == 1 else dl
+    # one int: every side; two: [height, width] (torch); four: [top, left, bottom, right] (ONNX pads)
+    t, l, b, r = p * 4 if len(p) == 1 else [p[0], p[1], p[0], p[1]] if len(p) == 2 else p
     n, c, h, wd = x.shape
-    o, c2, kh, kw = w.shape
-    assert c == c2
-    p = int(padding)
-    s = int(stride)
-    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
-    oh = (h + 2 * p - kh) // s + 1
-    ow = (wd + 2 * p - kw) // s + 1
-    out = np.zeros((n, o, oh, ow))
-    mag = np.zeros((n, o, oh, ow))  # sum of |terms|: the scale of a dot product's error
+    o, cg, kh, kw = w.shape
+    assert c == cg * groups and o % groups == 0
+    oh = (h + t + b - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (wd + l + r - (dw * (kw - 1) + 1)) // sw + 1
+    return (sh, sw), (dh, dw), (t, l, b, r), int(groups), (oh, ow)
+
+
+def _taps(kh, kw, sh, sw, dh, dw, oh, ow):
+    """(i, j, window): kernel tap (i, j) and the padded-input window it multiplies, every
+    output position's input sample for that tap."""
     for i in range(kh):
         for j in range(kw):
-            patch = xp[:, :, i : i + s * (oh - 1) + 1 : s, j : j + s * (ow - 1) + 1 : s]
-            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
-            mag += np.einsum("nchw,oc->nohw", np.abs(patch), np.abs(w[:, :, i, j]))
+            yield i, j, (slice(None), slice(None), slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
+                         slice(j * dw, j * dw + sw * (ow - 1) + 1, sw))
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    # out[n, g*og + o, y, x] = b + sum_{c < C/groups, i, j}
+    #     x_pad[n, g*(C/groups) + c, sh y + dh i, sw x + dw j] w[g*og + o, c, i, j]
+    x = _f64(input)
+    w = _f64(weight)
+    (sh, sw), (dh, dw), (t, l, b, r), groups, (oh, ow) = _conv_geometry(x, w, stride, padding, dilation, groups)
+    n = x.shape[0]
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
+    out = np.zeros((n, o, oh, ow))
+    mag = np.zeros((n, o, oh, ow))  # sum of |terms|: the scale of a dot product's error
+    for gi in range(groups):
+        xs, oc = xp[:, gi * cg:(gi + 1) * cg], slice(gi * og, (gi + 1) * og)
+        for i, j, win in _taps(kh, kw, sh, sw, dh, dw, oh, ow):
+            patch = xs[win]
+            out[:, oc] += np.einsum("nchw,oc->nohw", patch, w[oc, :, i, j])
+            mag[:, oc] += np.einsum("nchw,oc->nohw", np.abs(patch), np.abs(w[oc, :, i, j]))
     if bias is not None:
         out += _f64(bias)[None, :, None, None]
         mag += np.abs(_f64(bias))[None, :, None, None]
@@ -261,26 +293,29 @@ def softmax_backward(grad, y, axis=-1):
     return [_float_scaled(yv * (g - s), y, np.abs(yv) * (np.abs(g) + sa))]
 
 
-def rms_norm_backward(grad, x, weight=None, eps=1e-6):
-    # y_j = w_j x_j / r, r = sqrt(mean_k x_k^2 + eps) over the last dim (n elements);
+def rms_norm_backward(grad, x, weight=None, eps=1e-6, axis=-1):
+    # y_j = w_j x_j / r, r = sqrt(mean_k x_k^2 + eps) over the n elements of x.shape[axis:];
     # dr/dx_k = x_k / (n r), so dL/dx_k = w_k g_k / r - x_k / (n r^3) sum_j w_j g_j x_j and
     # dL/dw_j = sum over rows of g_j x_j / r (computed whether or not weight was given).
     v, g = _f64(x), _f64(grad)
     v2, g2 = (v.reshape(1), g.reshape(1)) if v.ndim == 0 else (v, g)
-    n = v2.shape[-1]
-    w = np.ones(n) if weight is None else _f64(weight)
+    wshape = v2.shape[_norm_axes(v2, axis)[0]:]
+    n = int(np.prod(wshape))
+    rows = v2.reshape(-1, n) if n else v2.reshape(0, 0)
+    grows = g2.reshape(rows.shape)
+    w = np.ones(n) if weight is None else _f64(weight).reshape(n)
     if v2.size == 0:
-        return [_float_result(v.copy(), x), _float_result(np.zeros(n), x)]
-    r = np.sqrt(np.mean(v2 * v2, axis=-1, keepdims=True) + float(eps))
-    wg = w * g2
-    dot = np.sum(wg * v2, axis=-1, keepdims=True)
-    dot_abs = np.sum(np.abs(wg * v2), axis=-1, keepdims=True)
-    gx = wg / r - v2 * dot / (n * r**3)
-    gx_scale = np.abs(wg) / r + np.abs(v2) * dot_abs / (n * r**3)
-    gw_terms = (g2 * v2 / r).reshape(-1, n)
+        return [_float_result(v.copy(), x), _float_result(np.zeros(wshape), x)]
+    r = np.sqrt(np.mean(rows * rows, axis=-1, keepdims=True) + float(eps))
+    wg = w * grows
+    dot = np.sum(wg * rows, axis=-1, keepdims=True)
+    dot_abs = np.sum(np.abs(wg * rows), axis=-1, keepdims=True)
+    gx = wg / r - rows * dot / (n * r**3)
+    gx_scale = np.abs(wg) / r + np.abs(rows) * dot_abs / (n * r**3)
+    gw_terms = grows * rows / r
     return [
         _float_scaled(gx.reshape(v.shape), x, gx_scale.reshape(v.shape)),
-        _float_scaled(gw_terms.sum(axis=0), x, np.abs(gw_terms).sum(axis=0)),
+        _float_scaled(gw_terms.sum(axis=0).reshape(wshape), x, np.abs(gw_terms).sum(axis=0).reshape(wshape)),
     ]
 
 
@@ -298,26 +333,30 @@ def topk_backward(grad_values, x, indices, axis=-1):
     return [_float_result(out, x)] if _is_float(x) else [out.astype(x.dtype)]
 
 
-def conv2d_backward(grad, input, weight, bias=None, stride=1, padding=0):
-    # out[n,o,i,j] = b[o] + sum_{c,p,q} x_pad[n, c, s i + p, s j + q] w[o, c, p, q], so
-    # dL/dx_pad[n,c,s i+p,s j+q] += g[n,o,i,j] w[o,c,p,q] (then the padding cropped),
-    # dL/dw[o,c,p,q] = sum_{n,i,j} g[n,o,i,j] x_pad[n,c,s i+p,s j+q], dL/db[o] = sum g[n,o,:,:]
+def conv2d_backward(grad, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    # out[n,o,y,x] = b[o] + sum_{c,i,j} x_pad[n, g(o) C/groups + c, sh y + dh i, sw x + dw j] w[o,c,i,j]
+    # (g(o) = o's group), so dL/dx_pad[n, g(o) C/groups + c, sh y + dh i, sw x + dw j] +=
+    # g[n,o,y,x] w[o,c,i,j] (then the padding cropped), dL/dw[o,c,i,j] = sum_{n,y,x} g[n,o,y,x]
+    # x_pad[...same...], dL/db[o] = sum g[n,o,:,:]
     g, x, w = _f64(grad), _f64(input), _f64(weight)
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    s, p = int(stride), int(padding)
-    oh, ow = g.shape[2], g.shape[3]
-    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    (sh, sw), (dh, dw), (t, l, b, r), groups, (oh, ow) = _conv_geometry(x, w, stride, padding, dilation, groups)
+    h, wd = x.shape[2], x.shape[3]
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    assert g.shape[2:] == (oh, ow)
+    xp = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
     gxp, gxp_abs = np.zeros_like(xp), np.zeros_like(xp)
     gw, gw_abs = np.zeros_like(w), np.zeros_like(w)
-    for i in range(kh):
-        for j in range(kw):
-            win = (slice(None), slice(None), slice(i, i + s * (oh - 1) + 1, s), slice(j, j + s * (ow - 1) + 1, s))
-            gxp[win] += np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
-            gxp_abs[win] += np.einsum("nohw,oc->nchw", np.abs(g), np.abs(w[:, :, i, j]))
-            gw[:, :, i, j] = np.einsum("nohw,nchw->oc", g, xp[win])
-            gw_abs[:, :, i, j] = np.einsum("nohw,nchw->oc", np.abs(g), np.abs(xp[win]))
-    crop = (slice(None), slice(None), slice(p, p + h), slice(p, p + wd))
+    for gi in range(groups):
+        ic, oc = slice(gi * cg, (gi + 1) * cg), slice(gi * og, (gi + 1) * og)
+        go = g[:, oc]
+        for i, j, win in _taps(kh, kw, sh, sw, dh, dw, oh, ow):
+            xwin = xp[:, ic][win]
+            gxp[:, ic][win] += np.einsum("nohw,oc->nchw", go, w[oc, :, i, j])
+            gxp_abs[:, ic][win] += np.einsum("nohw,oc->nchw", np.abs(go), np.abs(w[oc, :, i, j]))
+            gw[oc, :, i, j] = np.einsum("nohw,nchw->oc", go, xwin)
+            gw_abs[oc, :, i, j] = np.einsum("nohw,nchw->oc", np.abs(go), np.abs(xwin))
+    crop = (slice(None), slice(None), slice(t, t + h), slice(l, l + wd))
     return [
         _float_scaled(gxp[crop], input, gxp_abs[crop]),
         _float_scaled(gw, input, gw_abs),

@@ -217,6 +217,35 @@ def test_conv2d_matches_builtin_conv(stride, padding):
     np.testing.assert_allclose(po[0], bo[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("battrs,pattrs", [
+    ({"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [2, 1], "group": 2},
+     {"stride": [2, 1], "padding": [1, 0, 2, 1], "dilation": [2, 1], "groups": 2}),
+    ({"pads": [1, 1, 1, 1], "group": 4}, {"padding": 1, "groups": 4}),  # depthwise, single INTs
+    ({"pads": [2, 0, 2, 0], "dilations": [2, 2]}, {"padding": [2, 0], "dilation": 2}),
+])
+def test_conv2d_groups_dilation_pads_match_builtin_conv(battrs, pattrs):
+    x = RNG.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    w = RNG.standard_normal((8, 4 // battrs.get("group", 1), 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(8).astype(np.float32)
+    bo, po = builtin_vs_polyop("Conv", "Conv2d", [x, w, b], battrs=battrs, pattrs=pattrs)
+    assert po[0].shape == bo[0].shape
+    np.testing.assert_allclose(po[0], bo[0], rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_axis_matches_builtin_rmsnormalization():
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    w = RNG.standard_normal((3, 4)).astype(np.float32)
+    # ONNX's RMSNormalization (opset 23) normalises from `axis` on, like polyop's rms_norm
+    names = [("x", x), ("w", w)]
+    node = helper.make_node("RMSNormalization", ["x", "w"], ["y"], axis=1, epsilon=1e-5)
+    g = helper.make_graph([node], "t", [vi(n, pox.tensor_type(a.dtype), list(a.shape)) for n, a in names],
+                          [out("y")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    b = run_model(m.SerializeToString(), dict(names))
+    p = run_model(one_node("RmsNorm", names, ["y"], axis=1, eps=1e-5), dict(names))
+    np.testing.assert_allclose(p[0], b[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.int32])
 def test_nonzero_matches_builtin(dtype):
     x = (RNG.random((4, 5, 3)) < 0.3).astype(dtype) * 7

@@ -217,7 +217,8 @@ def test_conv2d_vs_tf(stride, padding):
         tf.transpose(xp, [0, 2, 3, 1]), tf.transpose(w, [2, 3, 1, 0]), strides=stride, padding="VALID"
     )
     ref = tf.transpose(ref, [0, 3, 1, 2]).numpy()
-    got = RAW.polyop_conv2d(x, w, bias=[], stride=stride, padding=padding).numpy()
+    # TF's raw wrappers take list(int) attrs as lists; polyop.tensorflow takes an int too
+    got = RAW.polyop_conv2d(x, w, bias=[], stride=[stride, stride], padding=[padding]).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
     got = OPS.conv2d(x, w, b, stride=stride, padding=padding).numpy()
     np.testing.assert_allclose(got, ref + b[None, :, None, None], rtol=1e-10, atol=1e-12)
@@ -287,8 +288,10 @@ def test_tf_function_runs_with_none_dims():
 def test_shape_function_error_at_graph_construction():
     with pytest.raises(ValueError, match=r"polyop\.add: .*broadcast"):
         static_shapes(lambda x, y: RAW.polyop_add(x, y), ([2, 3], tf.float32), ([4, 3], tf.float32))
-    with pytest.raises(ValueError, match=r"polyop\.rms_norm"):
-        static_shapes(lambda x, w: RAW.polyop_rms_norm(x, [w]), ([2, 8], tf.float32), ([7], tf.float32))
+    # rms_norm's weight check depends on `axis`, which TF's C shape function cannot read (the
+    # raw op reports it when the kernel runs); the wrapper's exact inference raises here
+    with pytest.raises(ValueError, match=r"polyop\.rms_norm: weight must have shape \[8\]"):
+        static_shapes(lambda x, w: OPS.rms_norm(x, w), ([2, 8], tf.float32), ([7], tf.float32))
     # attribute errors: the wrapper's exact inference raises at graph construction too
     with pytest.raises(ValueError, match=r"polyop\.topk"):
         static_shapes(lambda x: OPS.topk(x, k=9), ([None, 4], tf.float32))
@@ -368,10 +371,10 @@ BAD = [
     (lambda: RAW.polyop_topk(tf.ones([2, 3]), k=1, axis=-3), tf.errors.InvalidArgumentError, "polyop.topk: axis -3"),
     (lambda: RAW.polyop_gelu(tf.ones([2]), approximate="fast"), tf.errors.InvalidArgumentError, 'polyop.gelu: approximate must be "none" or "tanh", got "fast"'),
     (lambda: RAW.polyop_rms_norm(tf.ones([2, 8]), weight=[tf.ones([7])]), tf.errors.InvalidArgumentError,
-     "polyop.rms_norm: weight must have shape [8] (the last dim of x), got [7]"),
+     "polyop.rms_norm: weight must have shape [8] (x.shape[axis:] for axis=-1), got [7]"),
     (lambda: RAW.polyop_conv2d(tf.ones([1, 3, 5, 5]), tf.ones([2, 4, 3, 3]), bias=[]), tf.errors.InvalidArgumentError,
      "polyop.conv2d: input has 3 channels but weight expects 4"),
-    (lambda: RAW.polyop_conv2d(tf.ones([1, 3, 5, 5]), tf.ones([2, 3, 3, 3]), bias=[], stride=0),
+    (lambda: RAW.polyop_conv2d(tf.ones([1, 3, 5, 5]), tf.ones([2, 3, 3, 3]), bias=[], stride=[0, 0]),
      tf.errors.InvalidArgumentError, "polyop.conv2d: stride must be >= 1, got 0"),
 ]
 
@@ -428,3 +431,36 @@ def test_gradient_through_an_op_without_a_backward_raises():
     with tf.GradientTape() as tape:
         y = tf.reduce_sum(OPS.rms_norm(x, w))
     assert float(tf.reduce_max(tf.abs(tape.gradient(y, x)))) > 0
+
+
+def test_conv2d_groups_dilation_pads_and_rms_norm_axis():
+    x, w, b = rand((2, 4, 9, 8), np.float64), rand((6, 2, 3, 3), np.float64), rand((6,), np.float64)
+    # pads [top, left, bottom, right] = [1, 1, 2, 2], stride (2, 1), dilation 2, 2 groups
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 2), (1, 2)))
+    ref = np.concatenate([
+        tf.transpose(tf.nn.conv2d(tf.transpose(xp[:, 2 * k:2 * k + 2], [0, 2, 3, 1]),
+                                  tf.transpose(w[3 * k:3 * k + 3], [2, 3, 1, 0]), strides=1,
+                                  dilations=2, padding="VALID"), [0, 3, 1, 2]).numpy()[:, :, ::2, :]
+        for k in range(2)], axis=1) + b[None, :, None, None]
+    got = OPS.conv2d(x, w, b, stride=[2, 1], padding=[1, 1, 2, 2], dilation=2, groups=2)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10, atol=1e-12)
+    got = RAW.polyop_conv2d(x, w, bias=[b], stride=[2, 1], padding=[1, 1, 2, 2], dilation=[2, 2], groups=2)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-10, atol=1e-12)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape("`stride` must be int[2]")):
+        RAW.polyop_conv2d(x, w, bias=[], stride=[1, 1, 1], groups=2)
+    # graph mode with unknown dims: N and O stay static
+    f = tf.function(lambda a: OPS.conv2d(a, w, None, stride=2, dilation=[1, 2], groups=2),
+                    input_signature=[tf.TensorSpec([None, 4, None, None], tf.float64)])
+    assert f.get_concrete_function().structured_outputs.shape.as_list()[:2] == [None, 6]
+    # gradients through conv2d_backward
+    theoretical, numerical = tf.test.compute_gradient(
+        lambda a: OPS.conv2d(a, w, b, stride=[2, 1], padding=[0, 1, 1, 0], groups=2), [x[:1, :, :5, :4]])
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-6)
+    # rms_norm over the last two dims
+    xr, wr = rand((2, 3, 4), np.float64), rand((3, 4), np.float64)
+    ref = xr / np.sqrt(np.mean(xr * xr, axis=(1, 2), keepdims=True) + 1e-6) * wr
+    np.testing.assert_allclose(OPS.rms_norm(xr, wr, axis=1).numpy(), ref, rtol=1e-12)
+    np.testing.assert_allclose(RAW.polyop_rms_norm(xr, weight=[wr], axis=-2).numpy(), ref, rtol=1e-12)
+    theoretical, numerical = tf.test.compute_gradient(lambda a, c: OPS.rms_norm(a, c, axis=1), [xr, wr])
+    for t_, n_ in zip(theoretical, numerical):
+        np.testing.assert_allclose(t_, n_, rtol=1e-6, atol=1e-6)

@@ -5,6 +5,7 @@ hand-computed value, never against polyop itself."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -33,11 +34,18 @@ SPEC_SCHEMAS = {
     "add_relu": "add_relu(Tensor x, Tensor y) -> Tensor",
     "gelu": 'gelu(Tensor x, str approximate="none") -> Tensor',
     "softmax": "softmax(Tensor x, int axis=-1) -> Tensor",
-    "rms_norm": "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06) -> Tensor",
+    "rms_norm": "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-06, int axis=-1) -> Tensor",
     "topk": "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)",
-    "conv2d": "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> Tensor",
+    "conv2d": "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, "
+              "int[2] dilation=1, int groups=1) -> Tensor",
     "nonzero": "nonzero(Tensor x) -> Tensor",
 }
+
+
+def torch_form(schema: str) -> str:
+    """A polyop schema as torch declares it: an `int[]` with a single-int default is torch's
+    `int[1]` ("a list or one int"; torch's `int[]` refuses a scalar default), docs/torch.md."""
+    return re.sub(r"\bint\[\] (\w+)=(-?\d+)", r"int[1] \1=\2", schema)
 
 
 def registered() -> list[dict]:
@@ -112,13 +120,13 @@ def test_spec_schemas_registered_exactly():
     assert not missing, f"SPEC ops missing from the registry: {missing}"
     for name, schema in SPEC_SCHEMAS.items():
         # compare parsed schemas: torch prints float defaults its own way (1e-06 -> 9.99...e-07)
-        assert getattr(ops, name).default._schema == torch._C.parse_schema(f"polyop::{schema}")
+        assert getattr(ops, name).default._schema == torch._C.parse_schema(f"polyop::{torch_form(schema)}")
 
 
 def test_every_registry_op_is_a_dispatcher_op_with_its_schema():
     for o in registered():
         op = getattr(ops, o["name"]).default
-        assert op._schema == torch._C.parse_schema("polyop::" + o["schema"])
+        assert op._schema == torch._C.parse_schema("polyop::" + torch_form(o["schema"]))
         for key in ("CPU", "Meta"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"polyop::{o['name']}", key)
     assert str(ops.rms_norm_backward.default._schema).startswith("polyop::rms_norm_backward(")
@@ -669,3 +677,61 @@ def test_backward_through_an_op_without_a_gradient_raises():
     # (an op with only integer outputs is never differentiated through)
     y = torch.tensor([[0.0, 1.5], [2.0, 0.0]], requires_grad=True)
     assert torch.equal(ops.nonzero(y), torch.nonzero(y))
+
+
+# ---------------------------------------------------------------------------------------------
+# conv2d's list attributes (int[2] stride/dilation, int[] padding), groups; rms_norm's axis
+
+
+def _pad_tlbr(x, p):
+    t, l, b, r = p
+    return F.pad(x, (l, r, t, b))
+
+
+def test_conv2d_list_attributes_groups_dilation_vs_torch():
+    x, w, b = g(2, 4, 9, 8, dtype=torch.float64), g(6, 2, 3, 3, dtype=torch.float64), g(6, dtype=torch.float64)
+    got = torch.ops.polyop.conv2d(x, w, b, stride=[2, 1], padding=[1, 1, 2, 2], dilation=2, groups=2)
+    want = F.conv2d(_pad_tlbr(x, (1, 1, 2, 2)), w, b, stride=(2, 1), dilation=2, groups=2)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # a single int for int[2] and int[]; two values for padding are [height, width]
+    torch.testing.assert_close(torch.ops.polyop.conv2d(x, w, b, stride=2, padding=1, groups=2),
+                               F.conv2d(x, w, b, stride=2, padding=1, groups=2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.ops.polyop.conv2d(x, w, None, padding=[2, 0], dilation=[1, 2], groups=2),
+                               F.conv2d(x, w, None, padding=(2, 0), dilation=(1, 2), groups=2),
+                               rtol=1e-12, atol=1e-12)
+    # depthwise, with gradients through the backward op
+    xd = g(2, 3, 7, 6, dtype=torch.float64).requires_grad_()
+    wd = g(6, 1, 3, 3, dtype=torch.float64).requires_grad_()
+    bd = g(6, dtype=torch.float64).requires_grad_()
+    f = lambda *a: torch.ops.polyop.conv2d(*a, stride=[1, 2], padding=[0, 1, 1, 2], groups=3)  # noqa: E731
+    torch.testing.assert_close(f(xd, wd, bd), F.conv2d(_pad_tlbr(xd, (0, 1, 1, 2)), wd, bd, stride=(1, 2), groups=3))
+    assert torch.autograd.gradcheck(f, (xd, wd, bd))
+    torch.library.opcheck(torch.ops.polyop.conv2d.default, (xd.detach(), wd.detach(), bd.detach()),
+                          {"stride": [1, 2], "padding": [0, 1, 1, 2], "dilation": [1, 1], "groups": 3})
+
+
+def test_conv2d_list_attribute_errors():
+    x, w = g(1, 4, 5, 5), g(2, 2, 3, 3)
+    for attrs, msg in [
+        ({"stride": [1, 1, 1]}, "attribute `stride` must be int[2] (a single int or 2 ints), got 3 ints"),
+        ({"padding": [1, 1, 1]}, "padding must have 1, 2 or 4 values"),
+        ({"dilation": 0}, "dilation must be >= 1, got 0"),
+        ({"groups": 3}, "groups=3 does not divide the input's 4 channels"),
+        ({"groups": 1}, "input has 4 channels but weight expects 2"),
+    ]:
+        with pytest.raises(RuntimeError, match="polyop.conv2d: " + re.escape(msg)):
+            torch.ops.polyop.conv2d(x, w, None, **attrs)
+    assert torch.ops.polyop.conv2d(x, w, None, groups=2).shape == (1, 2, 3, 3)  # the next call works
+
+
+def test_rms_norm_axis_vs_torch():
+    x = g(2, 3, 4, dtype=torch.float64).requires_grad_()
+    w = g(3, 4, dtype=torch.float64).requires_grad_()
+    for axis in (1, -2):
+        torch.testing.assert_close(torch.ops.polyop.rms_norm(x, w, eps=1e-5, axis=axis),
+                                   F.rms_norm(x, (3, 4), w, eps=1e-5))
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.polyop.rms_norm(a, b, axis=1), (x, w))
+    with pytest.raises(RuntimeError, match=re.escape("polyop.rms_norm: weight must have shape [3, 4]")):
+        torch.ops.polyop.rms_norm(x, w[0], axis=1)
+    with pytest.raises(RuntimeError, match="polyop.rms_norm: axis 3 is out of range"):
+        torch.ops.polyop.rms_norm(x, None, axis=3)

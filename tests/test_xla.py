@@ -7,6 +7,7 @@ Four host CPU devices are forced before JAX is imported, for the shard_map test.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -583,3 +584,28 @@ def test_grad_through_an_op_without_a_backward_raises():
     with pytest.raises(NotImplementedError, match=r"polyop\.rms_norm_backward: this op has no gradient"):
         jax.grad(lambda x: pj.rms_norm_backward(g, x, w)[0].sum())(x)
     assert float(jnp.abs(jax.grad(lambda x: pj.rms_norm(x, w).sum())(x)).max()) > 0
+
+
+def test_conv2d_list_attributes_groups_and_rms_norm_axis():
+    rng = np.random.default_rng(3)
+    x, w, b = (jnp.asarray(rng.standard_normal(s)) for s in ((2, 4, 9, 8), (6, 2, 3, 3), (6,)))
+    ref = jax.lax.conv_general_dilated(
+        x, w, (2, 1), [(1, 2), (1, 2)], rhs_dilation=(2, 2), feature_group_count=2,
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=jax.lax.Precision.HIGHEST) + b[None, :, None, None]
+    f = jax.jit(lambda a, c, d: pj.conv2d(a, c, d, stride=(2, 1), padding=(1, 1, 2, 2), dilation=2, groups=2))
+    close(f(x, w, b), ref)
+    assert jax.eval_shape(f, x, w, b).shape == ref.shape
+    check_grads(lambda a, c, d: pj.conv2d(a, c, d, stride=[1, 2], padding=[0, 1], groups=2),
+                (x[:1, :, :5, :5], w, b), order=1, modes=["rev"])
+    # a single int for int[2] and int[]
+    close(pj.conv2d(x, w, None, stride=2, padding=1, groups=2),
+          jax.lax.conv_general_dilated(x, w, (2, 2), [(1, 1)] * 2, feature_group_count=2,
+                                       dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                       precision=jax.lax.Precision.HIGHEST))
+    with pytest.raises(Exception, match=re.escape("polyop.conv2d: groups=3 does not divide")):
+        pj.conv2d(x, w, None, groups=3)
+    xr, wr = jnp.asarray(rng.standard_normal((2, 3, 4))), jnp.asarray(rng.standard_normal((3, 4)))
+    ref = xr / jnp.sqrt(jnp.mean(xr * xr, axis=(1, 2), keepdims=True) + 1e-6) * wr
+    close(jax.jit(lambda a, c: pj.rms_norm(a, c, axis=1))(xr, wr), ref)
+    close(jax.vmap(lambda a: pj.rms_norm(a, wr, axis=-2))(xr[None])[0], ref)
+    check_grads(lambda a, c: pj.rms_norm(a, c, axis=-2), (xr, wr), order=1, modes=["rev"])

@@ -1,27 +1,28 @@
-//! conv2d (NCHW input, OIHW weight, zero padding, stride; no dilation or groups) and its
-//! backward, through im2col + `gemm`.
+//! conv2d (NCHW input, `[O, C/groups, KH, KW]` weight, zero padding per side, per-axis stride
+//! and dilation, grouped and depthwise) and its backward, through im2col + `gemm`, one GEMM
+//! per group.
 //!
 //! Half types are converted to f32 first (one rounding at the end). Work is split into fixed
-//! tasks whose boundaries depend only on the problem size (forward: batch x blocks of output
-//! positions; weight gradient: blocks of im2col rows, summing the batch in order; input
-//! gradient: batch x input channel), and every `gemm` call runs with `Parallelism::None`, so
-//! results do not depend on the thread count.
+//! tasks whose boundaries depend only on the problem size (forward: batch x group x blocks of
+//! output positions; weight gradient: group x blocks of im2col rows, summing the batch in
+//! order; input gradient: batch x input channel), and every `gemm` call runs with
+//! `Parallelism::None`, so results do not depend on the thread count.
 
 use crate::common::{in_ptr, with_float, Num, OutPtr, Real, Scalar};
 use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel_for, BwdInput, Dim, Error, Factor, InferCtx, KernelCtx, OpDef, Registry, Result,
-    ShapeOut, ShardCtx, ShardingRule, TensorRef,
+    parallel_for, Attrs, BwdInput, Dim, Error, Factor, InferCtx, KernelCtx, OpDef, Registry,
+    Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
         OpDef::builder(
-            "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> Tensor",
+            "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, int[2] dilation=1, int groups=1) -> Tensor",
         )
-        .doc("2-D convolution, NCHW input, OIHW weight, zero padding, no dilation/groups")
+        .doc("2-D convolution: NCHW input, weight [O, C/groups, kH, kW], zero padding (one int, [height, width] or [top, left, bottom, right]), per-axis stride and dilation, grouped and depthwise")
         .infer(conv2d_infer)
         .cpu(conv2d_cpu)
         .backward(
@@ -39,7 +40,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
     )?;
     r.register(
         OpDef::builder(
-            "conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+            "conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, int[2] dilation=1, int groups=1) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
         )
         .doc("gradients of conv2d for input, weight and bias (grad_bias is [O] even without a bias)")
         .infer(conv2d_backward_infer)
@@ -58,7 +59,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
 /// or bias gradient: one dim, `o`). A gradient without `n` (or without `o`) is summed over it,
 /// which is what splitting gives (kernel_core::sharding).
 fn conv_rule(ctx: &ShardCtx, tensors: &[&str]) -> Result<ShardingRule> {
-    let groups = ctx.attrs.int("groups").unwrap_or(1);
+    let groups = ctx.attrs.int("groups")?;
     let mut r = ShardingRule::default();
     let n = r.factor(Factor::Split);
     let o = r.factor(if groups == 1 {
@@ -103,26 +104,86 @@ fn conv_backward_sharding(ctx: &ShardCtx) -> Result<ShardingRule> {
     conv_rule(ctx, &["no", "nc", "oc", "b", "nc", "oc", "b"])
 }
 
+/// The validated attributes: per-axis stride and dilation, pads per side, groups.
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    /// (height, width)
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    /// (before, after) per axis: `[[top, bottom], [left, right]]`
+    pads: [[usize; 2]; 2],
+    groups: usize,
+}
+
+impl Params {
+    fn new(attrs: &Attrs) -> Result<Params> {
+        let limit = |name: &str, v: i64, min: i64| -> Result<usize> {
+            if v < min {
+                return Err(Error::invalid(format!("{name} must be >= {min}, got {v}")));
+            }
+            if v > i32::MAX as i64 {
+                return Err(Error::invalid(format!(
+                    "{name}={v} too large (at most {})",
+                    i32::MAX
+                )));
+            }
+            Ok(v as usize)
+        };
+        let pair = |name: &str, min: i64| -> Result<[usize; 2]> {
+            let v = attrs.int_list(name)?;
+            match v {
+                [a, b] => Ok([limit(name, *a, min)?, limit(name, *b, min)?]),
+                _ => Err(Error::internal(format!("{name} is not bound to 2 values"))),
+            }
+        };
+        let p = attrs.int_list("padding")?;
+        let p: Vec<usize> = p
+            .iter()
+            .map(|&v| limit("padding", v, 0))
+            .collect::<Result<_>>()?;
+        let pads = match p[..] {
+            [a] => [[a, a], [a, a]],
+            [h, w] => [[h, h], [w, w]],
+            [top, left, bottom, right] => [[top, bottom], [left, right]],
+            _ => {
+                return Err(Error::invalid(format!(
+                    "padding must have 1, 2 or 4 values (all sides; [height, width]; [top, left, \
+                     bottom, right]), got {} ({p:?})",
+                    p.len()
+                )))
+            }
+        };
+        Ok(Params {
+            stride: pair("stride", 1)?,
+            dilation: pair("dilation", 1)?,
+            pads,
+            groups: limit("groups", attrs.int("groups")?, 1)?,
+        })
+    }
+    /// The padding as `[top, left, bottom, right]`, for messages.
+    fn pads_tlbr(&self) -> [usize; 4] {
+        [
+            self.pads[0][0],
+            self.pads[1][0],
+            self.pads[0][1],
+            self.pads[1][1],
+        ]
+    }
+}
+
+/// The extent of a kernel of `k` taps dilated by `d`: `d * (k - 1) + 1` (0 for no taps).
+fn dilated(k: usize, d: usize) -> Option<usize> {
+    match k {
+        0 => Some(0),
+        k => d.checked_mul(k - 1)?.checked_add(1),
+    }
+}
+
 /// The output shape of conv2d from (possibly unknown) input/weight/bias dims; validates
 /// attributes and shapes.
 fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>> {
-    let stride = ctx.attrs.int("stride")?;
-    let padding = ctx.attrs.int("padding")?;
-    if stride < 1 {
-        return Err(Error::invalid(format!("stride must be >= 1, got {stride}")));
-    }
-    if padding < 0 {
-        return Err(Error::invalid(format!(
-            "padding must be >= 0, got {padding}"
-        )));
-    }
-    if padding > i32::MAX as i64 || stride > i32::MAX as i64 {
-        return Err(Error::invalid(format!(
-            "stride={stride} / padding={padding} too large (at most {})",
-            i32::MAX
-        )));
-    }
-    let (s, p) = (Dim::Known(stride as usize), padding as usize);
+    let prm = Params::new(ctx.attrs)?;
+    let groups = prm.groups;
     let unknown = vec![Dim::Unknown; 4];
     let x = ctx.dims(xi).map(<[Dim]>::to_vec);
     let w = ctx.dims(wi).map(<[Dim]>::to_vec);
@@ -137,15 +198,34 @@ fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>>
     if let Some(w) = &w {
         if w.len() != 4 {
             return Err(Error::invalid(format!(
-                "weight must be 4-D (O, C, KH, KW), got shape {}",
+                "weight must be 4-D (O, C/groups, KH, KW), got shape {}",
                 fmt_dims(w)
             )));
         }
     }
     let x = x.unwrap_or_else(|| unknown.clone());
     let w = w.unwrap_or(unknown);
-    ctx.require_eq(&x[1], &w[1], || {
-        format!("input has {} channels but weight expects {}", x[1], w[1])
+    if let Some(c) = x[1].known().filter(|c| c % groups != 0) {
+        return Err(Error::invalid(format!(
+            "groups={groups} does not divide the input's {c} channels"
+        )));
+    }
+    if let Some(o) = w[0].known().filter(|o| o % groups != 0) {
+        return Err(Error::invalid(format!(
+            "groups={groups} does not divide the {o} output channels (weight dim 0)"
+        )));
+    }
+    let wc = w[1].mul(&Dim::Known(groups))?;
+    ctx.require_eq(&x[1], &wc, || {
+        if groups == 1 {
+            format!("input has {} channels but weight expects {}", x[1], w[1])
+        } else {
+            format!(
+                "input has {} channels but weight expects {} per group x groups={groups} (weight \
+                 shape is [O, C/groups, KH, KW])",
+                x[1], w[1]
+            )
+        }
     })?;
     if let Some(b) = ctx.input_opt(bi).and_then(|b| b.shape.as_deref()) {
         let msg = || {
@@ -163,28 +243,55 @@ fn conv_out(ctx: &InferCtx, xi: usize, wi: usize, bi: usize) -> Result<Vec<Dim>>
             _ => return Err(Error::invalid(msg())),
         }
     }
+    let pads = prm.pads_tlbr();
     // Checked arithmetic: a (possibly huge) input dim from a caller's shape spec must not wrap.
     let padded: Vec<Dim> = [2, 3]
         .iter()
         .map(|&i| {
-            x[i].add(&Dim::Known(2 * p)).map_err(|_| {
+            let [a, b] = prm.pads[i - 2];
+            x[i].add(&Dim::Known(a + b)).map_err(|_| {
                 Error::invalid(format!(
-                    "input size {} with padding {p} overflows a 64-bit integer",
+                    "input size {} with padding {pads:?} overflows a 64-bit integer",
                     x[i]
                 ))
             })
         })
         .collect::<Result<_>>()?;
+    // the dilated kernel extent d * (k - 1) + 1 (the kernel size itself when d == 1)
+    let extent: Vec<Dim> = [2, 3]
+        .iter()
+        .map(|&i| {
+            let d = prm.dilation[i - 2];
+            match &w[i] {
+                _ if d == 1 => Ok(w[i].clone()),
+                Dim::Known(k) => Ok(Dim::Known(dilated(*k, d).ok_or_else(|| {
+                    Error::invalid(format!("kernel size {k} with dilation {d} overflows"))
+                })?)),
+                k => k
+                    .sub(&Dim::Known(1))?
+                    .mul(&Dim::Known(d))?
+                    .add(&Dim::Known(1)),
+            }
+        })
+        .collect::<Result<_>>()?;
     let spatial = |i: usize| -> Result<Dim> {
         let hp = &padded[i - 2];
-        ctx.require_le(&w[i], hp, || {
+        ctx.require_le(&extent[i - 2], hp, || {
+            let dil = if prm.dilation == [1, 1] {
+                String::new()
+            } else {
+                format!(" (dilated to {}x{})", extent[0], extent[1])
+            };
             format!(
-                "kernel size {}x{} is larger than the padded input {}x{} (input {}x{} with padding {p})",
+                "kernel size {}x{}{dil} is larger than the padded input {}x{} (input {}x{} with \
+                 padding [top, left, bottom, right] = {pads:?})",
                 w[2], w[3], padded[0], padded[1], x[2], x[3],
             )
         })?;
-        // (H + 2p - kH) // stride + 1
-        hp.sub(&w[i])?.floor_div(&s)?.add(&Dim::Known(1))
+        // (H + pads - extent) // stride + 1
+        hp.sub(&extent[i - 2])?
+            .floor_div(&Dim::Known(prm.stride[i - 2]))?
+            .add(&Dim::Known(1))
     };
     Ok(vec![x[0].clone(), w[0].clone(), spatial(2)?, spatial(3)?])
 }
@@ -213,7 +320,8 @@ fn conv2d_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
     ])
 }
 
-/// Problem geometry.
+/// Problem geometry. `c` and `o` count every channel; a group has `c / g` input and `o / g`
+/// output channels.
 #[derive(Clone, Copy)]
 struct Geom {
     n: usize,
@@ -221,72 +329,98 @@ struct Geom {
     h: usize,
     w: usize,
     o: usize,
+    g: usize,
     kh: usize,
     kw: usize,
     oh: usize,
     ow: usize,
-    s: usize,
-    p: usize,
+    /// stride (height, width)
+    sh: usize,
+    sw: usize,
+    /// dilation (height, width)
+    dh: usize,
+    dw: usize,
+    /// padding before (top, left)
+    pt: usize,
+    pl: usize,
 }
 
 impl Geom {
-    /// The geometry of `x` (N, C, H, W) and `wt` (O, C, KH, KW). Checks again what the shape
-    /// function checked, in overflow-free arithmetic, because the raw-pointer `gemm` calls rely
-    /// on it: the kernels may be called directly, with a `KernelCtx` no inference has seen.
-    fn new(x: &TensorRef, wt: &TensorRef, s: usize, p: usize) -> Result<Geom> {
+    /// The geometry of `x` (N, C, H, W) and `wt` (O, C/groups, KH, KW). Checks again what the
+    /// shape function checked, in overflow-free arithmetic, because the raw-pointer `gemm`
+    /// calls rely on it: the kernels may be called directly, with a `KernelCtx` no inference
+    /// has seen.
+    fn new(x: &TensorRef, wt: &TensorRef, prm: &Params) -> Result<Geom> {
         let bad = |why: &str| {
             Err(Error::internal(format!(
-                "conv2d: {why} (input {:?}, weight {:?}, stride {s}, padding {p})",
+                "conv2d: {why} (input {:?}, weight {:?}, {prm:?})",
                 x.shape, wt.shape
             )))
         };
         let (&[n, c, h, w], &[o, wc, kh, kw]) = (x.shape.as_slice(), wt.shape.as_slice()) else {
             return bad("input and weight must be 4-D");
         };
-        if wc != c || s == 0 {
-            return bad("channel mismatch or zero stride");
+        let g = prm.groups;
+        let [sh, sw] = prm.stride;
+        let [dh, dw] = prm.dilation;
+        if g == 0 || c % g != 0 || o % g != 0 || wc.checked_mul(g) != Some(c) {
+            return bad("channel mismatch (input channels, weight and groups disagree)");
         }
-        let out_len = |len: usize, k: usize| {
-            p.checked_mul(2)
-                .and_then(|pp| len.checked_add(pp))
-                .and_then(|v| v.checked_sub(k))
+        if sh == 0 || sw == 0 || dh == 0 || dw == 0 {
+            return bad("zero stride or dilation");
+        }
+        let out_len = |len: usize, k: usize, [p0, p1]: [usize; 2], s: usize, d: usize| {
+            len.checked_add(p0)
+                .and_then(|v| v.checked_add(p1))
+                .and_then(|v| v.checked_sub(dilated(k, d)?))
                 .map(|v| v / s + 1)
         };
-        let (Some(oh), Some(ow)) = (out_len(h, kh), out_len(w, kw)) else {
+        let (Some(oh), Some(ow)) = (
+            out_len(h, kh, prm.pads[0], sh, dh),
+            out_len(w, kw, prm.pads[1], sw, dw),
+        ) else {
             return bad("kernel larger than the padded input, or sizes overflow");
         };
-        let g = Geom {
+        let geom = Geom {
             n,
             c,
             h,
             w,
             o,
+            g,
             kh,
             kw,
             oh,
             ow,
-            s,
-            p,
+            sh,
+            sw,
+            dh,
+            dw,
+            pt: prm.pads[0][0],
+            pl: prm.pads[1][0],
         };
-        // every product the kernels form (0 when a factor is 0) must fit in usize
+        // every product the kernels form (0 when a factor is 0) must fit in usize, and so must
+        // every input index they compute (output position x stride + tap x dilation)
         let fits = |d: &[usize]| {
             d.contains(&0)
                 || d.iter()
                     .try_fold(1usize, |a, &v| a.checked_mul(v))
                     .is_some()
         };
-        let products: [&[usize]; 6] = [
+        let products: [&[usize]; 8] = [
             &[n, c, h, w],
             &[o, c, kh, kw],
             &[n, o, oh, ow],
             &[c, kh, kw],
             &[kh, kw, oh, ow],
             &[c, kh, kw, oh, ow],
+            &[oh + kh, sh + dh, 2],
+            &[ow + kw, sw + dw, 2],
         ];
         if !products.into_iter().all(fits) {
             return bad("sizes overflow");
         }
-        Ok(g)
+        Ok(geom)
     }
     /// Err unless a buffer that the `gemm` calls read or write has the length the geometry
     /// gives it.
@@ -302,17 +436,41 @@ impl Geom {
     fn positions(&self) -> usize {
         self.oh * self.ow
     }
-    /// im2col rows: C * KH * KW.
+    /// Input channels per group.
+    fn cg(&self) -> usize {
+        self.c / self.g
+    }
+    /// Output channels per group.
+    fn og(&self) -> usize {
+        self.o / self.g
+    }
+    /// im2col rows of one group: C/groups * KH * KW (a weight row's length).
     fn ckk(&self) -> usize {
-        self.c * self.kh * self.kw
+        self.cg() * self.kh * self.kw
+    }
+    /// The input row (height) of output row `oh` and kernel row `ki`, if inside the input.
+    #[inline]
+    fn in_row(&self, oh: usize, ki: usize) -> Option<usize> {
+        (oh * self.sh + ki * self.dh)
+            .checked_sub(self.pt)
+            .filter(|&i| i < self.h)
+    }
+    /// The input column of output column `ow` and kernel column `kj`, if inside the input.
+    #[inline]
+    fn in_col(&self, ow: usize, kj: usize) -> Option<usize> {
+        (ow * self.sw + kj * self.dw)
+            .checked_sub(self.pl)
+            .filter(|&i| i < self.w)
     }
 
-    /// Fill `col` (`rows.len() x (p1 - p0)`, row-major) with im2col rows `rows` of image `img`
-    /// for output positions `p0..p1`.
+    /// Fill `col` (`rows.len() x (p1 - p0)`, row-major) with im2col rows `rows` (of group
+    /// `grp`'s `ckk()`) of image `img` for output positions `p0..p1`.
+    #[allow(clippy::too_many_arguments)]
     fn im2col<C: Num>(
         &self,
         x: &[C],
         img: usize,
+        grp: usize,
         rows: std::ops::Range<usize>,
         p0: usize,
         p1: usize,
@@ -321,17 +479,22 @@ impl Geom {
         let width = p1 - p0;
         let kk = self.kh * self.kw;
         let plane = self.h * self.w;
-        let (s, pad, w) = (self.s, self.p, self.w);
+        let (s, pad, w) = (self.sw, self.pl, self.w);
         for (ri, r) in rows.enumerate() {
-            let (ch, ki, kj) = (r / kk, (r % kk) / self.kw, r % self.kw);
+            let (ch, ki, kj) = (grp * self.cg() + r / kk, (r % kk) / self.kw, r % self.kw);
             let src = &x[(img * self.c + ch) * plane..(img * self.c + ch + 1) * plane];
             let dst = &mut col[ri * width..(ri + 1) * width];
-            // output columns whose input column ow * s + kj - pad is inside [0, w)
-            let ow_lo = if kj >= pad { 0 } else { (pad - kj).div_ceil(s) };
-            let ow_hi = if w + pad <= kj {
+            // output columns whose input column ow * s + kj * dw - pad is inside [0, w)
+            let off = kj * self.dw;
+            let ow_lo = if off >= pad {
                 0
             } else {
-                (w + pad - kj).div_ceil(s)
+                (pad - off).div_ceil(s)
+            };
+            let ow_hi = if w + pad <= off {
+                0
+            } else {
+                (w + pad - off).div_ceil(s)
             };
             let mut p = p0;
             while p < p1 {
@@ -339,23 +502,23 @@ impl Geom {
                 let (oh, ow0) = (p / self.ow, p % self.ow);
                 let ow1 = self.ow.min(ow0 + (p1 - p));
                 let seg = &mut dst[p - p0..p - p0 + (ow1 - ow0)];
-                let ih = (oh * s + ki) as isize - pad as isize;
-                if ih < 0 || ih as usize >= self.h {
-                    seg.fill(C::ZERO);
-                } else {
-                    let row = &src[ih as usize * w..(ih as usize + 1) * w];
-                    let lo = ow_lo.clamp(ow0, ow1);
-                    let hi = ow_hi.clamp(lo, ow1);
-                    seg[..lo - ow0].fill(C::ZERO);
-                    seg[hi - ow0..].fill(C::ZERO);
-                    let out = &mut seg[lo - ow0..hi - ow0];
-                    if hi > lo {
-                        let first = lo * s + kj - pad;
-                        if s == 1 {
-                            out.copy_from_slice(&row[first..first + (hi - lo)]);
-                        } else {
-                            for (j, d) in out.iter_mut().enumerate() {
-                                *d = row[first + j * s];
+                match self.in_row(oh, ki) {
+                    None => seg.fill(C::ZERO),
+                    Some(ih) => {
+                        let row = &src[ih * w..(ih + 1) * w];
+                        let lo = ow_lo.clamp(ow0, ow1);
+                        let hi = ow_hi.clamp(lo, ow1);
+                        seg[..lo - ow0].fill(C::ZERO);
+                        seg[hi - ow0..].fill(C::ZERO);
+                        let out = &mut seg[lo - ow0..hi - ow0];
+                        if hi > lo {
+                            let first = lo * s + off - pad;
+                            if s == 1 {
+                                out.copy_from_slice(&row[first..first + (hi - lo)]);
+                            } else {
+                                for (j, d) in out.iter_mut().enumerate() {
+                                    *d = row[first + j * s];
+                                }
                             }
                         }
                     }
@@ -441,9 +604,7 @@ where
     let (inputs, pool) = (ctx.inputs, ctx.pool);
     let (x, wt) = (req(inputs, 0)?, req(inputs, 1)?);
     let bias = inputs.get(2).and_then(Option::as_ref);
-    let s = ctx.attrs.int("stride")? as usize;
-    let p = ctx.attrs.int("padding")? as usize;
-    let g = Geom::new(x, wt, s, p)?;
+    let g = Geom::new(x, wt, &Params::new(ctx.attrs)?)?;
     in_ptr::<T>(x)?;
     let out = ctx.outputs[0].as_mut_slice::<T>()?;
     if out.is_empty() {
@@ -455,8 +616,8 @@ where
         Some(b) => to_c::<T>(b)?,
         None => vec![T::C::ZERO; g.o],
     };
-    let (ckk, pos) = (g.ckk(), g.positions());
-    // the lengths the raw writes and `gemm` reads below rely on (`wc` is [O, C*KH*KW] by
+    let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
+    // the lengths the raw writes and `gemm` reads below rely on (`wc` is [O, C/g*KH*KW] by
     // construction of `g` from the weight's shape)
     Geom::check_len("output", out.len(), g.n * g.o * pos)?;
     Geom::check_len("bias", bc.len(), g.o)?;
@@ -464,38 +625,40 @@ where
     let rp = OutPtr(res.as_mut_ptr());
     let pb = pos_block(ckk);
     let blocks = pos.div_ceil(pb);
-    parallel_for(pool, g.n * blocks, 1, |range| {
+    parallel_for(pool, g.n * g.g * blocks, 1, |range| {
         let mut col = vec![T::C::ZERO; ckk * pb];
         for t in range {
-            let (img, b) = (t / blocks, t % blocks);
+            let (img, grp, b) = (t / (g.g * blocks), (t / blocks) % g.g, t % blocks);
             let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
             let width = p1 - p0;
-            g.im2col(&xc, img, 0..ckk, p0, p1, &mut col[..ckk * width]);
+            g.im2col(&xc, img, grp, 0..ckk, p0, p1, &mut col[..ckk * width]);
+            let oc0 = grp * og;
             // SAFETY: `res` has `n * o * pos` elements (checked above) and `img < n`,
-            // `p0 < pos`, so the offset is inside it.
-            let dst = unsafe { rp.ptr().add(img * g.o * pos + p0) };
-            for (oc, &bv) in bc.iter().enumerate() {
+            // `oc0 < o`, `p0 < pos`, so the offset is inside it.
+            let dst = unsafe { rp.ptr().add((img * g.o + oc0) * pos + p0) };
+            for (oc, &bv) in bc[oc0..oc0 + og].iter().enumerate() {
                 for j in 0..width {
-                    // SAFETY: `oc < o` (bias has o elements, checked above) and `p0 + j < p1
-                    // <= pos`: element [img, oc, p0 + j] of `res`, in the block of positions
-                    // p0..p1 of image img, which task `t` alone writes.
+                    // SAFETY: `oc0 + oc < o` and `p0 + j < p1 <= pos`: element
+                    // [img, oc0 + oc, p0 + j] of `res`, in the block of group `grp`'s output
+                    // channels and positions p0..p1 of image img, which task `t` alone writes.
                     unsafe { *dst.add(oc * pos + j) = bv };
                 }
             }
-            // SAFETY: dst is the o x width block [img, :, p0..p1] of `res` (row stride pos),
-            // in bounds and this task's alone, as above; lhs is the o x ckk weight `wc`
-            // (o * ckk elements: it is the weight's values and `g` came from its shape); rhs
-            // is the task-local `col`, ckk x width, just filled. dst aliases neither.
+            // SAFETY: dst is the og x width block [img, oc0.., p0..p1] of `res` (row stride
+            // pos), in bounds and this task's alone, as above; lhs is group grp's og x ckk
+            // rows of the weight `wc` (o * ckk elements: it is the weight's values and `g`
+            // came from its shape); rhs is the task-local `col`, ckk x width, just filled. dst
+            // aliases neither.
             unsafe {
                 mm(
-                    g.o,
+                    og,
                     width,
                     ckk,
                     dst,
                     pos as isize,
                     1,
                     true,
-                    wc.as_ptr(),
+                    wc.as_ptr().add(oc0 * ckk),
                     ckk as isize,
                     1,
                     col.as_ptr(),
@@ -519,14 +682,12 @@ where
 {
     let (inputs, pool) = (ctx.inputs, ctx.pool);
     let (gr, x, wt) = (req(inputs, 0)?, req(inputs, 1)?, req(inputs, 2)?);
-    let s = ctx.attrs.int("stride")? as usize;
-    let p = ctx.attrs.int("padding")? as usize;
-    let g = Geom::new(x, wt, s, p)?;
+    let g = Geom::new(x, wt, &Params::new(ctx.attrs)?)?;
     in_ptr::<T>(gr)?;
     let gc = to_c::<T>(gr)?;
     let xc = to_c::<T>(x)?;
     let wc = to_c::<T>(wt)?;
-    let (ckk, pos, kk) = (g.ckk(), g.positions(), g.kh * g.kw);
+    let (ckk, pos, kk, og, cg) = (g.ckk(), g.positions(), g.kh * g.kw, g.og(), g.cg());
     // the length the `gemm` reads of the gradient rely on (`wc` has o * ckk elements by
     // construction of `g` from the weight's shape)
     Geom::check_len("grad", gc.len(), g.n * g.o * pos)?;
@@ -555,34 +716,37 @@ where
         );
     }
 
-    // grad_weight [O, CKK] = sum_img grad[img] (O x P) * col[img]^T (P x CKK)
+    // grad_weight, per group: [og, CKK] = sum_img grad[img, group] (og x P) * col[img]^T
+    // (P x CKK)
     let mut gw = vec![T::C::ZERO; g.o * ckk];
     {
         let wp = OutPtr(gw.as_mut_ptr());
         let rb = 16usize;
         let row_blocks = ckk.div_ceil(rb);
-        parallel_for(pool, row_blocks, 1, |range| {
+        parallel_for(pool, g.g * row_blocks, 1, |range| {
             let mut col = vec![T::C::ZERO; rb * pos];
-            for b in range {
+            for t in range {
+                let (grp, b) = (t / row_blocks, t % row_blocks);
                 let (r0, r1) = (b * rb, ((b + 1) * rb).min(ckk));
                 let rows = r1 - r0;
+                let oc0 = grp * og;
                 for img in 0..g.n {
-                    g.im2col(&xc, img, r0..r1, 0, pos, &mut col[..rows * pos]);
-                    // SAFETY: dst is the o x rows block [:, r0..r1] of `gw` (o * ckk elements,
-                    // row stride ckk, r1 <= ckk), written only by the task of row block `b`;
-                    // lhs is grad[img], o x pos inside `gc` (n * o * pos elements, checked
-                    // above); rhs is the task-local `col` (rows * pos), read transposed. No
-                    // operand aliases dst.
+                    g.im2col(&xc, img, grp, r0..r1, 0, pos, &mut col[..rows * pos]);
+                    // SAFETY: dst is the og x rows block [oc0.., r0..r1] of `gw` (o * ckk
+                    // elements, row stride ckk, r1 <= ckk, oc0 + og <= o), written only by the
+                    // task of (group, row block); lhs is grad[img, oc0..], og x pos inside `gc`
+                    // (n * o * pos elements, checked above); rhs is the task-local `col`
+                    // (rows * pos), read transposed. No operand aliases dst.
                     unsafe {
                         mm(
-                            g.o,
+                            og,
                             rows,
                             pos,
-                            wp.ptr().add(r0),
+                            wp.ptr().add(oc0 * ckk + r0),
                             ckk as isize,
                             1,
                             true,
-                            gc.as_ptr().add(img * g.o * pos),
+                            gc.as_ptr().add((img * g.o + oc0) * pos),
                             pos as isize,
                             1,
                             col.as_ptr(),
@@ -595,7 +759,8 @@ where
         });
     }
 
-    // grad_input[img, c] = col2im(W[:, c]^T (KK x O) * grad[img] (O x P))
+    // grad_input[img, c] = col2im(W[group's og, c's taps]^T (KK x og) * grad[img, group]
+    // (og x P))
     let mut gi = vec![T::C::ZERO; g.n * g.c * g.h * g.w];
     {
         let ip = OutPtr(gi.as_mut_ptr());
@@ -607,24 +772,26 @@ where
                 if kk == 0 || pos == 0 {
                     continue;
                 }
+                let (grp, lc) = (ch / cg, ch % cg);
+                let oc0 = grp * og;
                 dcol.fill(T::C::ZERO);
-                // SAFETY: dst is the task-local `dcol`, kk x pos; lhs is W[:, ch]^T, kk x o
-                // with column stride ckk, whose last element ch*kk + kk-1 + (o-1)*ckk is
-                // below o * ckk = wc.len(); rhs is grad[img], o x pos inside `gc` (checked
-                // above). dst aliases neither.
+                // SAFETY: dst is the task-local `dcol`, kk x pos; lhs is W[oc0.., lc]^T, kk x og
+                // with column stride ckk, whose last element (oc0 + og - 1) * ckk + lc*kk +
+                // kk-1 is below o * ckk = wc.len(); rhs is grad[img, oc0..], og x pos inside
+                // `gc` (checked above). dst aliases neither.
                 unsafe {
                     mm(
                         kk,
                         pos,
-                        g.o,
+                        og,
                         dcol.as_mut_ptr(),
                         pos as isize,
                         1,
                         false,
-                        wc.as_ptr().add(ch * kk),
+                        wc.as_ptr().add(oc0 * ckk + lc * kk),
                         1,
                         ckk as isize,
-                        gc.as_ptr().add(img * g.o * pos),
+                        gc.as_ptr().add((img * g.o + oc0) * pos),
                         pos as isize,
                         1,
                     )
@@ -635,17 +802,15 @@ where
                 for i in 0..kk {
                     let (ki, kj) = (i / g.kw, i % g.kw);
                     for oh in 0..g.oh {
-                        let ih = (oh * g.s + ki) as isize - g.p as isize;
-                        if ih < 0 || ih as usize >= g.h {
+                        let Some(ih) = g.in_row(oh, ki) else {
                             continue;
-                        }
-                        for ow in 0..g.ow {
-                            let iw = (ow * g.s + kj) as isize - g.p as isize;
-                            if iw < 0 || iw as usize >= g.w {
-                                continue;
+                        };
+                        let src = &dcol[i * pos + oh * g.ow..i * pos + (oh + 1) * g.ow];
+                        let row = &mut dst[ih * g.w..(ih + 1) * g.w];
+                        for (ow, &v) in src.iter().enumerate() {
+                            if let Some(iw) = g.in_col(ow, kj) {
+                                row[iw] = row[iw] + v;
                             }
-                            let d = &mut dst[ih as usize * g.w + iw as usize];
-                            *d = *d + dcol[i * pos + oh * g.ow + ow];
                         }
                     }
                 }

@@ -1,8 +1,12 @@
-//! rms_norm and rms_norm_backward over the last axis.
+//! rms_norm and rms_norm_backward over every dim from `axis` on (torch `normalized_shape`,
+//! ONNX `RMSNormalization` `axis`).
 //!
 //! `y = x / sqrt(mean(x^2) + eps) * weight`, the mean taken in the compute type (f32 for half
 //! types; forward: 16 partial sums in a fixed order, see `common::ACC`, vectorised, contiguous
-//! f32/f64 rows read and written in place), one row per task. A rank-0 `x` is one row of length 1. The weight gradient sums
+//! f32/f64 rows read and written in place), one row per task. A row is `x.shape[axis:]`
+//! flattened: the normalised dims are folded into one (a restrided view when their strides
+//! merge, a contiguous copy otherwise), so every axis runs the last-axis code. A rank-0 `x`
+//! is one row of length 1 (weight `[1]`), as for `axis=-1` before axes existed. The weight gradient sums
 //! per-row contributions over fixed chunks of rows (chunk boundaries depend only on the
 //! number of rows), then adds the chunk partials in chunk order, so it does not depend on the
 //! thread count.
@@ -15,30 +19,34 @@ use crate::common::{
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
 use kernel_core::{
-    normalize_axis, parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef, Registry,
-    Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
+    normalize_axis, parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef,
+    OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
 };
 use num_traits::Float as _;
 
 pub fn register(r: &mut Registry) -> Result<()> {
     r.register(
-        OpDef::builder("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6) -> Tensor")
-            .doc("x / sqrt(mean(x^2 over the last axis) + eps) * weight")
-            .infer(rms_norm_infer)
-            .cpu(rms_norm_cpu)
-            .backward(
-                "rms_norm_backward",
-                &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
-                &[0, 1],
-            )
-            .sharding(norm_sharding)
-            .build()?,
+        OpDef::builder(
+            "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, int axis=-1) -> Tensor",
+        )
+        .doc("x / sqrt(mean(x^2 over every dim from axis on) + eps) * weight; weight has shape x.shape[axis:]")
+        .axis_attr("axis")
+        .infer(rms_norm_infer)
+        .cpu(rms_norm_cpu)
+        .backward(
+            "rms_norm_backward",
+            &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
+            &[0, 1],
+        )
+        .sharding(norm_sharding)
+        .build()?,
     )?;
     r.register(
         OpDef::builder(
-            "rms_norm_backward(Tensor grad, Tensor x, Tensor? weight=None, float eps=1e-6) -> (Tensor grad_x, Tensor grad_weight)",
+            "rms_norm_backward(Tensor grad, Tensor x, Tensor? weight=None, float eps=1e-6, int axis=-1) -> (Tensor grad_x, Tensor grad_weight)",
         )
-        .doc("gradients of rms_norm for x and weight (grad_weight is [x.shape[-1]] even without a weight)")
+        .doc("gradients of rms_norm for x and weight (grad_weight has shape x.shape[axis:] even without a weight)")
+        .axis_attr("axis")
         .infer(rms_norm_backward_infer)
         .cpu(rms_norm_backward_cpu)
         .backward_only()
@@ -48,34 +56,47 @@ pub fn register(r: &mut Registry) -> Result<()> {
     Ok(())
 }
 
-/// The normalised length (last dim of x; 1 for rank 0), `None` if x's rank is unknown.
-/// Validates eps and the weight's shape (equal to that length, or a constraint when symbolic).
-fn check(ctx: &InferCtx, x: usize, w: usize) -> Result<Option<Dim>> {
+/// The normalised shape `x.shape[axis:]` (`[1]` for a rank-0 x), `None` if x's rank is
+/// unknown. Validates eps, axis and the weight's shape (equal to the normalised shape, or
+/// constraints when symbolic).
+fn check(ctx: &InferCtx, x: usize, w: usize) -> Result<Option<Vec<Dim>>> {
     let eps = ctx.attrs.float("eps")?;
     if eps.is_nan() || eps < 0.0 {
         return Err(Error::invalid(format!("eps must be >= 0, got {eps}")));
     }
-    let n: Option<Dim> = ctx
-        .dims(x)
-        .map(|d| d.last().cloned().unwrap_or(Dim::Known(1)));
+    let axis = ctx.attrs.int("axis")?;
+    let norm: Option<Vec<Dim>> = match ctx.dims(x) {
+        None => None,
+        Some([]) => {
+            normalize_axis(axis, 0)?;
+            Some(vec![Dim::Known(1)])
+        }
+        Some(d) => Some(d[normalize_axis(axis, d.len())?..].to_vec()),
+    };
     if let Some(wd) = ctx.input_opt(w).and_then(|w| w.shape.as_deref()) {
         let msg = || {
-            let want = match &n {
-                Some(d @ (Dim::Known(_) | Dim::Sym(_))) => format!("[{d}]"),
-                _ => "[n]".to_string(),
+            let want = match &norm {
+                Some(n) => fmt_dims(n),
+                None => "x.shape[axis:]".to_string(),
             };
             format!(
-                "weight must have shape {want} (the last dim of x), got {}",
+                "weight must have shape {want} (x.shape[axis:] for axis={axis}), got {}",
                 fmt_dims(wd)
             )
         };
-        match (wd, &n) {
-            ([wn], Some(n)) => ctx.require_eq(wn, n, msg)?,
-            ([_], None) => {}
-            _ => return Err(Error::invalid(msg())),
+        match &norm {
+            Some(n) if n.len() == wd.len() => {
+                for (a, b) in wd.iter().zip(n) {
+                    ctx.require_eq(a, b, msg)?;
+                }
+            }
+            Some(_) => return Err(Error::invalid(msg())),
+            // x's rank unknown: a negative axis still fixes the weight's rank
+            None if axis < 0 && wd.len() as i64 != -axis => return Err(Error::invalid(msg())),
+            None => {}
         }
     }
-    Ok(n)
+    Ok(norm)
 }
 
 fn rms_norm_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
@@ -84,7 +105,7 @@ fn rms_norm_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
 }
 
 fn rms_norm_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
-    let n = check(ctx, 1, 2)?;
+    let norm = check(ctx, 1, 2)?;
     let (g, x) = (ctx.dims(0), ctx.dims(1));
     ctx.require_shape(x, g, || {
         format!(
@@ -93,10 +114,57 @@ fn rms_norm_backward_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {
             fmt_dims(x.unwrap_or_default())
         )
     })?;
-    Ok(vec![
-        ctx.input(1).shape.clone(),
-        Some(vec![n.unwrap_or(Dim::Unknown)]),
-    ])
+    // x's rank unknown: a negative axis still gives grad_weight's rank
+    let axis = ctx.attrs.int("axis")?;
+    let gw = norm.or_else(|| (axis < 0).then(|| vec![Dim::Unknown; axis.unsigned_abs() as usize]));
+    Ok(vec![ctx.input(1).shape.clone(), gw])
+}
+
+/// The stride that walks dims `shape` (row-major) as one flat dim, if there is one (every dim
+/// of size > 1 steps over all the dims after it).
+fn merged_stride(shape: &[usize], strides: &[isize]) -> Option<isize> {
+    if shape.contains(&0) {
+        return Some(1);
+    }
+    let inner = shape
+        .iter()
+        .zip(strides)
+        .rev()
+        .find(|(&d, _)| d != 1)
+        .map_or(1, |(_, &s)| s);
+    let mut expected = inner;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return None;
+        }
+        expected = expected.checked_mul(d as isize)?;
+    }
+    Some(inner)
+}
+
+/// `t` with its dims from `axis` on folded into one last dim: a view of the same elements when
+/// their strides merge, else a view of `copy` (filled with a contiguous copy of `t`).
+fn fold<'a>(t: &TensorRef<'a>, axis: usize, copy: &'a mut Option<OwnedTensor>) -> TensorRef<'a> {
+    if t.rank() <= 1 || axis + 1 == t.rank() {
+        return t.clone();
+    }
+    let mut shape = t.shape[..axis].to_vec();
+    shape.push(t.shape[axis..].iter().product());
+    if let Some(s) = merged_stride(&t.shape[axis..], &t.strides[axis..]) {
+        let mut strides = t.strides[..axis].to_vec();
+        strides.push(s);
+        // every offset the folded view reaches is one `t` reaches: flat index j of the folded
+        // dims is the row-major index whose offset is j * s (merged_stride)
+        return t.restrided(shape, strides);
+    }
+    let c = copy.insert(OwnedTensor::copy_of(t));
+    let strides = kernel_core::contiguous_strides(&shape);
+    c.view().restrided(shape, strides)
+}
+
+/// The normalised axis of a tensor of `x`'s rank (0 for rank 0).
+fn norm_axis(ctx: &KernelCtx, x: &TensorRef) -> Result<usize> {
+    normalize_axis(ctx.attrs.int("axis")?, x.rank()).map(|a| a.min(x.rank().saturating_sub(1)))
 }
 
 /// rms_norm's factors: the dims of `x` (input `xi`) before `axis` are split (rows are
@@ -106,8 +174,7 @@ fn norm_rule(ctx: &ShardCtx, xi: usize) -> Result<ShardingRule> {
     let Some(rank) = ctx.input_rank(xi) else {
         return Ok(ShardingRule::replicated(ctx));
     };
-    // (an op without an `axis` attribute normalises over the last dim)
-    let axis = normalize_axis(ctx.attrs.int("axis").unwrap_or(-1), rank)?.min(rank);
+    let axis = normalize_axis(ctx.attrs.int("axis")?, rank)?.min(rank);
     let mut r = ShardingRule::aligned(ctx, rank, &(axis..rank).collect::<Vec<_>>());
     let tail: Vec<usize> = r.inputs[xi]
         .as_ref()
@@ -129,19 +196,32 @@ fn norm_backward_sharding(ctx: &ShardCtx) -> Result<ShardingRule> {
     norm_rule(ctx, 1)
 }
 
-/// The weight (or ones) in the compute type.
-fn weight_c<T: Scalar>(w: Option<&TensorRef>, n: usize) -> Result<Vec<T::C>>
+/// The weight (or ones) in the compute type, flattened: `n` values from a weight of shape
+/// `want` (x.shape[axis:]).
+fn weight_c<T: Scalar>(w: Option<&TensorRef>, want: &[usize], n: usize) -> Result<Vec<T::C>>
 where
     T::C: Real,
 {
     let mut wb = vec![T::C::ONE; n];
     if let Some(w) = w {
-        expect_shape("weight", &w.shape, &[n])?;
-        // SAFETY: w has shape [n] (checked just above), so offsets `j * strides[0]`, `j < n`,
-        // are its elements; it is only read.
-        unsafe { load_strided(in_ptr::<T>(w)?, 0, w.strides[0], &mut wb) };
+        expect_shape("weight", &w.shape, want)?;
+        let mut copy = None;
+        let w = fold(w, 0, &mut copy);
+        let stride = w.strides.first().copied().unwrap_or(1);
+        // SAFETY: w has shape `want` (checked just above), folded to [n] (or rank 0 with
+        // n == 1), so offsets `j * stride`, `j < n`, are its elements; it is only read.
+        unsafe { load_strided(in_ptr::<T>(&w)?, 0, stride, &mut wb) };
     }
     Ok(wb)
+}
+
+/// The weight's expected shape: x.shape[axis:] (`[1]` for a rank-0 x).
+fn norm_shape(x: &TensorRef, axis: usize) -> Vec<usize> {
+    if x.rank() == 0 {
+        vec![1]
+    } else {
+        x.shape[axis..].to_vec()
+    }
 }
 
 fn x_lanes(x: &TensorRef) -> Lanes {
@@ -153,14 +233,22 @@ where
     T::C: Real,
 {
     let (inputs, pool) = (ctx.inputs, ctx.pool);
-    let x = req(inputs, 0)?;
+    let x0 = req(inputs, 0)?;
     let eps = T::C::from_f64(ctx.attrs.float("eps")?);
+    let axis = norm_axis(ctx, x0)?;
+    let mut copy = None;
+    let x = &fold(x0, axis, &mut copy);
     let lx = x_lanes(x);
     let n = lx.n;
-    let wb = weight_c::<T>(inputs.get(1).and_then(Option::as_ref), n)?;
+    let wb = weight_c::<T>(
+        inputs.get(1).and_then(Option::as_ref),
+        &norm_shape(x0, axis),
+        n,
+    )?;
     let out = &mut ctx.outputs[0];
-    expect_shape("rms_norm output", &out.shape, &x.shape)?;
-    let lout = contiguous_lanes(&out.shape, out.rank().saturating_sub(1));
+    expect_shape("rms_norm output", &out.shape, &x0.shape)?;
+    // the output is contiguous: its folded lanes are those of x's folded shape
+    let lout = contiguous_lanes(&x.shape, x.rank().saturating_sub(1));
     let (p, o) = (in_ptr::<T>(x)?, out_ptr::<T>(out)?);
     if n == 0 || lx.count == 0 {
         return Ok(());
@@ -220,15 +308,20 @@ where
     T::C: Real,
 {
     let (inputs, pool) = (ctx.inputs, ctx.pool);
-    let (g, x) = (req(inputs, 0)?, req(inputs, 1)?);
+    let (g0, x0) = (req(inputs, 0)?, req(inputs, 1)?);
     let eps = T::C::from_f64(ctx.attrs.float("eps")?);
+    let axis = norm_axis(ctx, x0)?;
+    expect_shape("rms_norm_backward grad", &g0.shape, &x0.shape)?;
+    let (mut gcopy, mut xcopy) = (None, None);
+    let (g, x) = (&fold(g0, axis, &mut gcopy), &fold(x0, axis, &mut xcopy));
     let (lg, lx) = (x_lanes(g), x_lanes(x));
     let n = lx.n;
-    let wb = weight_c::<T>(inputs.get(2).and_then(Option::as_ref), n)?;
+    let want = norm_shape(x0, axis);
+    let wb = weight_c::<T>(inputs.get(2).and_then(Option::as_ref), &want, n)?;
     let (gx_out, gw_out) = ctx.outputs.split_at_mut(1);
-    expect_shape("rms_norm_backward grad", &g.shape, &x.shape)?;
-    expect_shape("rms_norm_backward grad_input", &gx_out[0].shape, &x.shape)?;
-    let lout = contiguous_lanes(&gx_out[0].shape, gx_out[0].rank().saturating_sub(1));
+    expect_shape("rms_norm_backward grad_input", &gx_out[0].shape, &x0.shape)?;
+    expect_shape("rms_norm_backward grad_weight", &gw_out[0].shape, &want)?;
+    let lout = contiguous_lanes(&x.shape, x.rank().saturating_sub(1));
     let (pg, px) = (in_ptr::<T>(g)?, in_ptr::<T>(x)?);
     let o = out_ptr::<T>(&mut gx_out[0])?;
     let gw = gw_out[0].as_mut_slice::<T>()?;

@@ -234,7 +234,7 @@ fn conv2d_errors_and_shape_inference() {
         "conv2d",
         &[Some(&x), Some(&f64t(&[0.0; 6], &[2, 3])), None],
         &[],
-        "weight must be 4-D (O, C, KH, KW), got shape [2, 3]",
+        "weight must be 4-D (O, C/groups, KH, KW), got shape [2, 3]",
     );
     assert_err_contains(
         "conv2d",
@@ -534,14 +534,14 @@ fn registry_is_complete() {
     }
     for (name, schema) in [
         ("softmax", "softmax(Tensor x, int axis=-1) -> Tensor"),
-        ("rms_norm", "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6) -> Tensor"),
+        ("rms_norm", "rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, int axis=-1) -> Tensor"),
         ("topk", "topk(Tensor x, int k, int axis=-1, bool largest=True) -> (Tensor values, Tensor indices)"),
-        ("conv2d", "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> Tensor"),
+        ("conv2d", "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, int[2] dilation=1, int groups=1) -> Tensor"),
         ("nonzero", "nonzero(Tensor x) -> Tensor"),
         ("softmax_backward", "softmax_backward(Tensor grad, Tensor y, int axis=-1) -> Tensor"),
-        ("rms_norm_backward", "rms_norm_backward(Tensor grad, Tensor x, Tensor? weight=None, float eps=1e-6) -> (Tensor grad_x, Tensor grad_weight)"),
+        ("rms_norm_backward", "rms_norm_backward(Tensor grad, Tensor x, Tensor? weight=None, float eps=1e-6, int axis=-1) -> (Tensor grad_x, Tensor grad_weight)"),
         ("topk_backward", "topk_backward(Tensor grad_values, Tensor x, Tensor indices, int axis=-1) -> Tensor"),
-        ("conv2d_backward", "conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor? bias=None, int stride=1, int padding=0) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)"),
+        ("conv2d_backward", "conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, int[2] dilation=1, int groups=1) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)"),
     ] {
         assert_eq!(reg.lookup(name).unwrap().schema, kernel_core::Schema::parse(schema).unwrap(), "{name}");
     }

@@ -60,7 +60,7 @@ fn type_ok(ty: &ArgType, v: &AttrValue) -> bool {
             | (ArgType::Float, AttrValue::Float(_))
             | (ArgType::Bool, AttrValue::Bool(_))
             | (ArgType::Str, AttrValue::Str(_))
-            | (ArgType::IntList, AttrValue::IntList(_))
+            | (ArgType::IntList(_), AttrValue::IntList(_))
             | (ArgType::FloatList, AttrValue::FloatList(_))
             | (_, AttrValue::None)
     )

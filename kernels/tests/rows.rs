@@ -287,14 +287,14 @@ fn rms_norm_rank0_empty_errors() {
         "rms_norm",
         &[Some(&x), Some(&w7)],
         &[],
-        "weight must have shape [8] (the last dim of x), got [7]",
+        "weight must have shape [8] (x.shape[axis:] for axis=-1), got [7]",
     );
     let w2d = f64t(&[1.0; 8], &[1, 8]);
     assert_err_contains(
         "rms_norm",
         &[Some(&x), Some(&w2d)],
         &[],
-        "weight must have shape [8] (the last dim of x), got [1, 8]",
+        "weight must have shape [8] (x.shape[axis:] for axis=-1), got [1, 8]",
     );
     let w32 = tensor(&[1.0; 8], &[8], DType::F32);
     assert_err_contains(

@@ -202,6 +202,9 @@ def onnx_attr(op: str, decl: dict, value: Any, ns: str = "polyop") -> onnx.Attri
                 raise TypeError
             return helper.make_attribute(name, value, attr_type=A.STRING)
         if ty == "int[]":
+            if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+                # a single int: repeated to an int[N]'s length, one element for an int[]
+                value = [value] * (decl.get("len") or 1)
             return helper.make_attribute(name, [int(v) for v in value], attr_type=A.INTS)
         if ty == "float[]":
             return helper.make_attribute(name, [float(v) for v in value], attr_type=A.FLOATS)

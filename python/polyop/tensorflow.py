@@ -37,6 +37,7 @@ from ._library import require_framework
 require_framework("tensorflow")
 
 import tensorflow as tf  # noqa: E402
+import numpy as np  # noqa: E402
 
 import polyop  # noqa: E402
 
@@ -98,6 +99,9 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
     label = op_label(meta, name)
     inputs = info["inputs"]
     attr_names = {a["name"] for a in info["attrs"]}
+    # TF's list(int) attrs take lists only: a single int for an int[N] is repeated N times, for
+    # an int[] it is a one-element list (what every other surface does with it)
+    int_lists = {a["name"]: a.get("len") or 1 for a in info["attrs"] if a["type"] == "int[]"}
     raw_fn = _raw_fn(raw, info, prefix)
     n_out = len(info["outputs"])
 
@@ -150,7 +154,9 @@ def _make_fn(raw: Any, info: dict, prefix: str = STOCK_PREFIX, meta: Any = polyo
                 "TensorFlow library is built on) can register CPU kernels but no XLA lowering "
                 "for a custom op. Call it from a tf.function without jit_compile, or use "
                 "polyop.jax for XLA."))
-        out = raw_fn(**call, **kwargs, name=op_name)
+        raw_attrs = {k: [v] * int_lists[k] if k in int_lists and isinstance(v, (int, np.integer))
+                     and not isinstance(v, bool) else v for k, v in kwargs.items()}
+        out = raw_fn(**call, **raw_attrs, name=op_name)
         if not tf.executing_eagerly():
             # Attribute-dependent dims are unknown after TF's shape function; fill them in.
             specs = meta.infer(name, [_spec(t) for t in tensors], **kwargs)

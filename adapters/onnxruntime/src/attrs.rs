@@ -33,7 +33,9 @@ impl<R: Reader> AttrSource for Source<R> {
         Ok(match ty {
             ArgType::Float => float().or_else(int).or_else(string),
             ArgType::Str => string().or_else(int).or_else(float),
-            ArgType::IntList => r.ints(&n).map(AttrValue::IntList),
+            // a single INT for a list (binding repeats it); tried first, as ONNX Runtime
+            // reads an INT attribute as an empty array
+            ArgType::IntList(_) => int().or_else(|| r.ints(&n).map(AttrValue::IntList)),
             ArgType::FloatList => r
                 .floats(&n)
                 .map(|v| AttrValue::FloatList(v.into_iter().map(widen_f32_attr).collect())),

@@ -35,7 +35,7 @@ impl AttrSource for NodeAttrs {
     fn get(&mut self, name: &str, ty: &ArgType) -> Result<Option<AttrValue>> {
         let ctx = self.0;
         let (list, total) = match ty {
-            ArgType::Str | ArgType::IntList | ArgType::FloatList => {
+            ArgType::Str | ArgType::IntList(_) | ArgType::FloatList => {
                 self.read(name, "the size of ", |n, st| {
                     let (mut list, mut total) = (0i32, 0i32);
                     // SAFETY: `ctx` is the live construction context of this kernel (see
@@ -81,7 +81,7 @@ impl AttrSource for NodeAttrs {
                     buf.truncate(total);
                     AttrValue::Str(String::from_utf8_lossy(&buf).into_owned())
                 }
-                ArgType::IntList => {
+                ArgType::IntList(_) => {
                     let mut buf = vec![0i64; list];
                     TF_OpKernelConstruction_GetAttrInt64List(
                         ctx,

@@ -75,7 +75,7 @@ fn tf_attr_type(ty: &ArgType) -> &'static str {
         ArgType::Float => "float",
         ArgType::Bool => "bool",
         ArgType::Str => "string",
-        ArgType::IntList => "list(int)",
+        ArgType::IntList(_) => "list(int)",
         ArgType::FloatList => "list(float)",
         ArgType::Tensor | ArgType::OptionalTensor => unreachable!("tensor args are inputs"),
     }
@@ -111,7 +111,7 @@ fn tf_op_spec(prefix: &str, op: &OpDef) -> Result<TfOpSpec> {
     }
     for a in op.schema.attr_args() {
         let mut s = format!("{}: {}", a.name, tf_attr_type(&a.ty));
-        if let Some(d) = a.default.as_ref().and_then(literal) {
+        if let Some(d) = a.default_value().as_ref().and_then(literal) {
             s.push_str(" = ");
             s.push_str(&d);
         }

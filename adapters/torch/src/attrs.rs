@@ -98,7 +98,7 @@ pub(crate) unsafe fn decode_one(ty: &ArgType, v: StableIValue) -> Result<Decoded
                 Error::internal(format!("reading a str argument: {}", ffi::last_error()))
             })?))
         }
-        ArgType::IntList | ArgType::FloatList => {
+        ArgType::IntList(_) | ArgType::FloatList => {
             let h = v as usize as ffi::StableListHandle;
             let mut n = 0usize;
             let mut items = Vec::new();
@@ -119,7 +119,7 @@ pub(crate) unsafe fn decode_one(ty: &ArgType, v: StableIValue) -> Result<Decoded
                     ffi::last_error()
                 )));
             }
-            Decoded::Attr(if *ty == ArgType::IntList {
+            Decoded::Attr(if matches!(ty, ArgType::IntList(_)) {
                 AttrValue::IntList(items.into_iter().map(|e| e as i64).collect())
             } else {
                 AttrValue::FloatList(items.into_iter().map(f64::from_bits).collect())

@@ -6,7 +6,7 @@ use crate::call;
 use crate::error::library_identity;
 use crate::sys as ffi;
 use kernel_core::ffi::{Added, SlotTable};
-use kernel_core::Registry;
+use kernel_core::{ArgType, AttrValue, Registry};
 use std::ffi::CString;
 
 /// The ops registered so far, with their per-op call state (leaked: registered ops live as
@@ -30,6 +30,20 @@ pub struct Registered {
 
 fn cstr(s: &str) -> Result<CString, String> {
     CString::new(s).map_err(|_| format!("`{s}` contains a NUL byte"))
+}
+
+/// The schema as torch declares it: the registry's, except that an `int[]` whose default is a
+/// single int becomes torch's `int[1]` (torch's own spelling of "a list, or one int", as in
+/// `sum(Tensor self, int[1]? dim)`): torch's `int[]` takes lists only, and a default must be a
+/// list. Lengths are checked when the attributes are bound, as for every framework.
+fn torch_schema(schema: &kernel_core::Schema) -> String {
+    let mut s = schema.clone();
+    for a in &mut s.args {
+        if a.ty == ArgType::IntList(None) && matches!(a.default, Some(AttrValue::Int(_))) {
+            a.ty = ArgType::IntList(Some(1));
+        }
+    }
+    s.to_string()
 }
 
 fn ok(rc: i32, what: impl FnOnce() -> String) -> Result<(), String> {
@@ -103,7 +117,7 @@ pub fn register_registry(
     let num_slots = ffi::bridge::num_slots();
     let mut done = Vec::new();
     for op in registry.ops() {
-        let schema = cstr(&op.schema.to_string())?;
+        let schema = cstr(&torch_schema(&op.schema))?;
         let mut tags = Vec::new();
         if op.flags.data_dependent_shape {
             // SAFETY: constant getter.

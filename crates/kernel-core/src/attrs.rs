@@ -86,7 +86,8 @@ pub struct Attrs {
 
 impl Attrs {
     /// Bind `given` (name, value) pairs to `schema`'s attribute arguments. Coercions are the
-    /// ones frameworks need: an int for a float, 0/1 ints for a bool (ONNX has no bool). Unknown
+    /// ones frameworks need: an int for a float, 0/1 ints for a bool (ONNX has no bool), a
+    /// single int for an `int[N]` (repeated N times) or an `int[]` (one element). Unknown
     /// names, missing required attributes and wrong types are errors naming the attribute.
     pub fn bind<'a>(
         schema: &Schema,
@@ -208,11 +209,12 @@ impl Attrs {
     }
 }
 
-fn coerce(name: &str, ty: &ArgType, v: AttrValue) -> Result<AttrValue> {
+/// `v` as an attribute of type `ty` (see [`Attrs::bind`]); `name` for the error.
+pub(crate) fn coerce(name: &str, ty: &ArgType, v: AttrValue) -> Result<AttrValue> {
     let bad = |v: &AttrValue| {
         Err(Error::invalid(format!(
             "attribute `{name}` must be {}, got {}",
-            ty.schema_name(),
+            ty.schema_type(),
             v.type_name()
         )))
     };
@@ -223,7 +225,15 @@ fn coerce(name: &str, ty: &ArgType, v: AttrValue) -> Result<AttrValue> {
         (ArgType::Bool, v @ AttrValue::Bool(_)) => Ok(v),
         (ArgType::Bool, AttrValue::Int(i)) if i == 0 || i == 1 => Ok(AttrValue::Bool(i == 1)),
         (ArgType::Str, v @ AttrValue::Str(_)) => Ok(v),
-        (ArgType::IntList, v @ AttrValue::IntList(_)) => Ok(v),
+        (ArgType::IntList(Some(n)), AttrValue::IntList(l)) if l.len() != *n => {
+            Err(Error::invalid(format!(
+                "attribute `{name}` must be int[{n}] (a single int or {n} ints), got {} ints {l:?}",
+                l.len()
+            )))
+        }
+        (ArgType::IntList(_), v @ AttrValue::IntList(_)) => Ok(v),
+        // a single int: repeated to the fixed length, or a one-element `int[]`
+        (ArgType::IntList(n), AttrValue::Int(i)) => Ok(AttrValue::IntList(vec![i; n.unwrap_or(1)])),
         (ArgType::FloatList, v @ AttrValue::FloatList(_)) => Ok(v),
         (ArgType::FloatList, AttrValue::IntList(l)) => Ok(AttrValue::FloatList(
             l.into_iter().map(|i| i as f64).collect(),
@@ -254,6 +264,53 @@ mod tests {
         let s = Schema::parse("scale(Tensor x, float alpha) -> Tensor").unwrap();
         let a = Attrs::bind(&s, [("alpha", AttrValue::Int(3))]).unwrap();
         assert_eq!(a.float("alpha").unwrap(), 3.0);
+    }
+
+    #[test]
+    fn int_lists_take_a_single_int() {
+        let s = Schema::parse(
+            "conv(Tensor x, int[2] stride=1, int[] padding=0, int[3] k=[1, 2, 3]) -> Tensor",
+        )
+        .unwrap();
+        let a = Attrs::bind(&s, []).unwrap();
+        assert_eq!(a.int_list("stride").unwrap(), &[1, 1]);
+        assert_eq!(a.int_list("padding").unwrap(), &[0]);
+        assert_eq!(a.int_list("k").unwrap(), &[1, 2, 3]);
+        let a = Attrs::bind(
+            &s,
+            [
+                ("stride", AttrValue::Int(2)),
+                ("padding", AttrValue::Int(3)),
+                ("k", AttrValue::Int(4)),
+            ],
+        )
+        .unwrap();
+        assert_eq!(a.int_list("stride").unwrap(), &[2, 2]);
+        assert_eq!(a.int_list("padding").unwrap(), &[3]);
+        assert_eq!(a.int_list("k").unwrap(), &[4, 4, 4]);
+        let a = Attrs::bind(
+            &s,
+            [
+                ("stride", AttrValue::IntList(vec![2, 1])),
+                ("padding", AttrValue::IntList(vec![1, 2, 3, 4])),
+            ],
+        )
+        .unwrap();
+        assert_eq!(a.int_list("stride").unwrap(), &[2, 1]);
+        assert_eq!(a.int_list("padding").unwrap(), &[1, 2, 3, 4]);
+        let e = Attrs::bind(&s, [("stride", AttrValue::IntList(vec![1, 2, 3]))]).unwrap_err();
+        assert!(
+            e.message
+                .contains("`stride` must be int[2] (a single int or 2 ints), got 3 ints"),
+            "{e}"
+        );
+        let e = Attrs::bind(&s, [("stride", AttrValue::IntList(vec![]))]).unwrap_err();
+        assert!(e.message.contains("got 0 ints"), "{e}");
+        let e = Attrs::bind(&s, [("stride", AttrValue::Float(1.0))]).unwrap_err();
+        assert!(
+            e.message.contains("`stride` must be int[2], got float"),
+            "{e}"
+        );
     }
 
     #[test]

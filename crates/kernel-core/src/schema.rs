@@ -22,7 +22,10 @@ pub enum ArgType {
     Float,
     Bool,
     Str,
-    IntList,
+    /// `int[]` (`None`) or `int[N]` (`Some(N)`, a fixed length N >= 1). A single int is
+    /// accepted for either: repeated N times for `int[N]` (as torch's `int[2]` does), a
+    /// one-element list for `int[]`.
+    IntList(Option<usize>),
     FloatList,
 }
 
@@ -30,7 +33,8 @@ impl ArgType {
     pub fn is_tensor(&self) -> bool {
         matches!(self, ArgType::Tensor | ArgType::OptionalTensor)
     }
-    /// The name as written in a schema.
+    /// The type's kind as written in a schema, without a list's fixed length (`int[]` for
+    /// `int[2]` too): what the adapters and the Python glue dispatch on.
     pub fn schema_name(&self) -> &'static str {
         match self {
             ArgType::Tensor => "Tensor",
@@ -39,9 +43,32 @@ impl ArgType {
             ArgType::Float => "float",
             ArgType::Bool => "bool",
             ArgType::Str => "str",
-            ArgType::IntList => "int[]",
+            ArgType::IntList(_) => "int[]",
             ArgType::FloatList => "float[]",
         }
+    }
+    /// The type exactly as written in a schema (`int[2]`).
+    pub fn schema_type(&self) -> String {
+        match self {
+            ArgType::IntList(Some(n)) => format!("int[{n}]"),
+            ty => ty.schema_name().to_string(),
+        }
+    }
+    /// The fixed length of an `int[N]` list.
+    pub fn fixed_len(&self) -> Option<usize> {
+        match self {
+            ArgType::IntList(n) => *n,
+            _ => None,
+        }
+    }
+}
+
+impl Arg {
+    /// The default as binding uses it: coerced to the argument's type (`int[2] stride=1`
+    /// gives `[1, 1]`, `int[] padding=0` gives `[0]`). `None` for a required argument.
+    pub fn default_value(&self) -> Option<AttrValue> {
+        let d = self.default.clone()?;
+        Some(crate::attrs::coerce(&self.name, &self.ty, d.clone()).unwrap_or(d))
     }
 }
 
@@ -120,7 +147,7 @@ impl fmt::Display for Schema {
                 (ArgType::OptionalTensor, Some(al)) => {
                     write!(f, "Tensor({}{})?", al.set, if al.write { "!" } else { "" })?
                 }
-                (ty, _) => f.write_str(ty.schema_name())?,
+                (ty, _) => f.write_str(&ty.schema_type())?,
             }
             write!(f, " {}", a.name)?;
             if let Some(d) = &a.default {
@@ -273,17 +300,11 @@ impl Parser<'_> {
                     (ArgType::Tensor, alias)
                 }
             }
-            "int" | "float" if self.rest().starts_with("[]") => {
+            "float" if self.rest().starts_with("[]") => {
                 self.pos += 2;
-                (
-                    if tyname == "int" {
-                        ArgType::IntList
-                    } else {
-                        ArgType::FloatList
-                    },
-                    None,
-                )
+                (ArgType::FloatList, None)
             }
+            "int" if self.rest().starts_with('[') => (ArgType::IntList(self.list_len()?), None),
             "int" => (ArgType::Int, None),
             "float" => (ArgType::Float, None),
             "bool" => (ArgType::Bool, None),
@@ -291,7 +312,7 @@ impl Parser<'_> {
             other => {
                 self.pos = start;
                 return Err(self.err(&format!(
-                    "unknown type `{other}` (expected Tensor, Tensor?, int, float, bool, str, int[] or float[])"
+                    "unknown type `{other}` (expected Tensor, Tensor?, int, float, bool, str, int[], int[N] or float[])"
                 )));
             }
         };
@@ -308,6 +329,27 @@ impl Parser<'_> {
             alias,
             kwarg_only,
         })
+    }
+
+    /// `[]` (`None`) or `[N]` with N >= 1, after a list's element type.
+    fn list_len(&mut self) -> Result<Option<usize>> {
+        self.pos += 1; // `[`
+        let r = self.rest();
+        let digits = r.chars().take_while(char::is_ascii_digit).count();
+        let n = if digits == 0 {
+            None
+        } else {
+            match r[..digits].parse::<usize>() {
+                Ok(n) if n >= 1 => Some(n),
+                _ => return Err(self.err("a fixed list length must be an integer >= 1")),
+            }
+        };
+        self.pos += digits;
+        if !self.rest().starts_with(']') {
+            return Err(self.err("expected `]` closing the list type"));
+        }
+        self.pos += 1;
+        Ok(n)
     }
 
     fn default(&mut self, ty: &ArgType) -> Result<AttrValue> {
@@ -367,12 +409,25 @@ impl Parser<'_> {
                 | (ArgType::Float, AttrValue::Float(_) | AttrValue::Int(_))
                 | (ArgType::Bool, AttrValue::Bool(_))
                 | (ArgType::Str, AttrValue::Str(_))
-                | (ArgType::IntList, AttrValue::IntList(_))
+                | (
+                    ArgType::IntList(_),
+                    AttrValue::IntList(_) | AttrValue::Int(_)
+                )
                 | (ArgType::FloatList, AttrValue::FloatList(_))
         );
         if !ok {
             self.pos = start;
-            return Err(self.err(&format!("default does not match type {}", ty.schema_name())));
+            return Err(self.err(&format!("default does not match type {}", ty.schema_type())));
+        }
+        if let (Some(n), AttrValue::IntList(l)) = (ty.fixed_len(), &v) {
+            if l.len() != n {
+                self.pos = start;
+                return Err(self.err(&format!(
+                    "default has {} values, type {} takes {n} (or a single int)",
+                    l.len(),
+                    ty.schema_type()
+                )));
+            }
         }
         Ok(match (ty, v) {
             (ArgType::Float, AttrValue::Int(i)) => AttrValue::Float(i as f64),
@@ -477,11 +532,65 @@ mod tests {
             "relu_(Tensor(a!) x) -> Tensor(a!)",
             "f(Tensor(a!) x, Tensor(b)? y=None) -> Tensor(a!)",
             "gelu(Tensor x, str approximate=\"none\") -> Tensor",
+            "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, int[2] dilation=[1, 2], int groups=1) -> Tensor",
         ] {
             let s = Schema::parse(text).unwrap();
             let again = Schema::parse(&s.to_string()).unwrap();
             assert_eq!(s, again, "{text}");
         }
+    }
+
+    #[test]
+    fn fixed_length_int_lists() {
+        let s = Schema::parse(
+            "conv2d(Tensor input, Tensor weight, Tensor? bias=None, int[2] stride=1, int[] padding=0, int[2] dilation=[1, 2], int groups=1) -> Tensor",
+        )
+        .unwrap();
+        let ty = |i: usize| s.args[i].ty.clone();
+        assert_eq!(ty(3), ArgType::IntList(Some(2)));
+        assert_eq!(ty(4), ArgType::IntList(None));
+        assert_eq!(ty(5), ArgType::IntList(Some(2)));
+        // defaults are kept as written (Display reproduces the schema) ...
+        assert_eq!(s.args[3].default, Some(AttrValue::Int(1)));
+        assert_eq!(s.args[4].default, Some(AttrValue::Int(0)));
+        assert!(s.to_string().contains("int[2] stride=1, int[] padding=0"));
+        // ... and coerced to the type where used: repeated to N, or a one-element int[]
+        assert_eq!(
+            s.args[3].default_value(),
+            Some(AttrValue::IntList(vec![1, 1]))
+        );
+        assert_eq!(s.args[4].default_value(), Some(AttrValue::IntList(vec![0])));
+        assert_eq!(
+            s.args[5].default_value(),
+            Some(AttrValue::IntList(vec![1, 2]))
+        );
+        assert_eq!(ty(3).schema_name(), "int[]", "the kind, for the adapters");
+        assert_eq!(ty(3).schema_type(), "int[2]");
+        assert_eq!(ty(3).fixed_len(), Some(2));
+        assert_eq!(ty(4).fixed_len(), None);
+
+        let bad = |text: &str, want: &str| {
+            let e = Schema::parse(text).unwrap_err();
+            assert!(e.message.contains(want), "{text}: {}", e.message);
+        };
+        bad(
+            "f(Tensor x, int[0] s=1) -> Tensor",
+            "length must be an integer >= 1",
+        );
+        bad("f(Tensor x, int[2 s=1) -> Tensor", "expected `]`");
+        bad("f(Tensor x, int[x] s=1) -> Tensor", "expected `]`");
+        bad(
+            "f(Tensor x, int[2] s=[1, 2, 3]) -> Tensor",
+            "default has 3 values, type int[2] takes 2",
+        );
+        bad(
+            "f(Tensor x, int[2] s=1.5) -> Tensor",
+            "default does not match type int[2]",
+        );
+        bad(
+            "f(Tensor x, float[2] s=1) -> Tensor",
+            "expected an identifier",
+        );
     }
 
     #[test]

@@ -12,18 +12,24 @@ const MAX_PROBES: usize = 1024;
 /// float or bool).
 fn probe_values(arg: &Arg) -> Option<Vec<AttrValue>> {
     let mut v: Vec<AttrValue> = Vec::new();
-    if let Some(d) = &arg.default {
+    // the default as binding sees it (`int[2] stride=1` is `[1, 1]`)
+    let default = arg.default_value();
+    if let Some(d) = &default {
         if *d != AttrValue::None {
             v.push(d.clone());
         }
     }
-    let extra: Vec<AttrValue> = match (&arg.ty, &arg.default) {
+    let extra: Vec<AttrValue> = match (&arg.ty, &default) {
         (ArgType::Int, _) => [0, 1, 2, 3, -1, -2].map(AttrValue::Int).to_vec(),
         (ArgType::Float, _) => [1.0, 0.5, 2.0].map(AttrValue::Float).to_vec(),
         (ArgType::Bool, _) => [true, false].map(AttrValue::Bool).to_vec(),
+        // A fixed-length list changes a shape through its values only.
+        (ArgType::IntList(Some(n)), _) => [1, 2, 3, 4]
+            .map(|k| AttrValue::IntList(vec![k; *n]))
+            .to_vec(),
         // A list can change a shape through its values (pads) or its length: vary both, so a
         // dim that depends on it is not taken for static (which TF would then trust).
-        (ArgType::IntList, Some(AttrValue::IntList(d))) => [1, 2, 3]
+        (ArgType::IntList(None), Some(AttrValue::IntList(d))) => [1, 2, 3]
             .iter()
             .map(|k| AttrValue::IntList(d.iter().map(|v| v + k).collect()))
             .chain([
@@ -31,7 +37,7 @@ fn probe_values(arg: &Arg) -> Option<Vec<AttrValue>> {
                 AttrValue::IntList(vec![2; d.len().max(1)]),
             ])
             .collect(),
-        (ArgType::IntList, _) => vec![
+        (ArgType::IntList(None), _) => vec![
             AttrValue::IntList(vec![1]),
             AttrValue::IntList(vec![1, 2]),
             AttrValue::IntList(vec![2, 3, 4, 5]),

@@ -28,6 +28,7 @@ const TYPES: &[&str] = &[
     "bool",
     "str",
     "int[]",
+    "int[2]",
     "float[]",
 ];
 
@@ -47,9 +48,17 @@ fn default_for(ty: &'static str) -> BoxedStrategy<Option<String>> {
         .boxed(),
         "bool" => prop_oneof![Just("True".to_string()), Just("False".to_string())].boxed(),
         "str" => "[a-z ]{0,5}".prop_map(|s| format!("\"{s}\"")).boxed(),
-        "int[]" => prop::collection::vec(-5i64..5, 0..4)
-            .prop_map(|v| format!("{v:?}"))
-            .boxed(),
+        "int[]" => prop_oneof![
+            prop::collection::vec(-5i64..5, 0..4).prop_map(|v| format!("{v:?}")),
+            (-5i64..5).prop_map(|i| i.to_string()),
+        ]
+        .boxed(),
+        // a single int (repeated) or exactly two
+        "int[2]" => prop_oneof![
+            prop::collection::vec(-5i64..5, 2..=2).prop_map(|v| format!("{v:?}")),
+            (-5i64..5).prop_map(|i| i.to_string()),
+        ]
+        .boxed(),
         "float[]" => prop::collection::vec(-5i32..5, 0..4)
             .prop_map(|v| {
                 let f: Vec<f64> = v.into_iter().map(|i| i as f64 / 2.0).collect();
@@ -126,6 +135,7 @@ fn default_for_fixed(ty: &str) -> Option<String> {
             "bool" => "True",
             "str" => "\"x\"",
             "int[]" => "[1, 2]",
+            "int[2]" => "3",
             "float[]" => "[0.5]",
             "Tensor?" => "None",
             _ => return None,
@@ -230,7 +240,7 @@ fn known_type(ty: &ArgType, v: &AttrValue) -> bool {
             | (ArgType::Float, AttrValue::Float(_))
             | (ArgType::Bool, AttrValue::Bool(_))
             | (ArgType::Str, AttrValue::Str(_))
-            | (ArgType::IntList, AttrValue::IntList(_))
+            | (ArgType::IntList(_), AttrValue::IntList(_))
             | (ArgType::FloatList, AttrValue::FloatList(_))
             | (_, AttrValue::None)
     )

@@ -78,7 +78,7 @@ pub fn op_json(op: &OpDef) -> Value {
         .schema
         .attr_args()
         .map(|a| {
-            json!({
+            let mut v = json!({
                 "name": a.name,
                 "type": a.ty.schema_name(),
                 "default": a.default.as_ref().map(attr_json).unwrap_or(Value::Null),
@@ -88,7 +88,12 @@ pub fn op_json(op: &OpDef) -> Value {
                 } else {
                     Value::Null
                 },
-            })
+            });
+            // the fixed length of an `int[N]` (whose "type" is the kind, `int[]`)
+            if let Some(n) = a.ty.fixed_len() {
+                v["len"] = json!(n);
+            }
+            v
         })
         .collect();
     let backward = match &op.backward {
