@@ -100,6 +100,26 @@ def test_batch_sharded_op_runs_without_gathering(mesh, name):
             assert_same(g, w, summed=True)
 
 
+@pytest.mark.parametrize(
+    "name, inputs, attrs",
+    [
+        ("rms_norm", lambda: [arr(8, 3, 4), arr(3, 4)], {"axis": 1}),
+        ("conv2d", lambda: [arr(8, 4, 6, 6), arr(6, 2, 3, 3), None], {"groups": 2, "padding": [1, 0, 0, 1], "dilation": 2}),
+        ("conv2d", lambda: [arr(8, 4, 6, 6), arr(4, 1, 3, 3), arr(4)], {"groups": 4, "stride": [2, 1]}),
+    ],
+)
+def test_batch_split_with_axis_and_groups(mesh, name, inputs, attrs):
+    """The rule follows the attributes: rms_norm normalises every dim from `axis` on (whole),
+    grouped and depthwise conv2d keep the batch split."""
+    xs = inputs()
+    sharded = [put(mesh, xs[0], "x")] + [None if a is None else put(mesh, a) for a in xs[1:]]
+    f = lambda *a: pj.call(name, *a, **attrs)  # noqa: E731
+    assert collectives(f, *sharded)["all-gather"] == 0
+    got = jax.jit(f)(*sharded)
+    assert got.sharding.spec[0] == "x"
+    assert_same(got, pj.call(name, *xs, **attrs))
+
+
 def test_without_the_rule_xla_gathers_and_replicates(mesh):
     """The same FFI call without custom_partitioning: what every op did before its rule."""
     x = put(mesh, _x(), "x")
