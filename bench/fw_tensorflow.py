@@ -42,6 +42,10 @@ def run(workloads: list[Workload]) -> list[Result]:
         name, builtin = BUILTIN[w.op]
         pfn = getattr(m, f"polyop_{w.op}")
         attrs = dict(w.attrs)
+        # The raw op's int[] attributes are TF list(int)s: a single int is repeated, as the
+        # polyop.tensorflow wrappers do.
+        lists = {a["name"]: a.get("len") or 1 for a in polyop.op_info(w.op)["attrs"] if a["type"] == "int[]"}
+        pattrs = {k: [v] * lists[k] if k in lists and isinstance(v, int) else v for k, v in attrs.items()}
         pargs = list(ts)
         if w.op in ("rms_norm", "conv2d"):
             # Optional tensors are list inputs of 0 or 1 tensors on the TF surface.
@@ -52,7 +56,7 @@ def run(workloads: list[Workload]) -> list[Result]:
             bargs[0] = tf.transpose(ts[0], [0, 2, 3, 1])
             bargs[1] = tf.transpose(ts[1], [2, 3, 1, 0])
         fns = {
-            "polyop": lambda: pfn(*pargs, **attrs),
+            "polyop": lambda: pfn(*pargs, **pattrs),
             "builtin": lambda: builtin(*bargs, *attrs.values()),
         }
         t = measure(fns)
