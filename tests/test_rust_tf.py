@@ -99,7 +99,7 @@ CHAIN = {
 CONV = {
     "placeholders": {"x": [2, 3, 7, 7], "k": [4, 3, 3, 3], "b": [4]},
     "nodes": [{"name": "c", "op": "PolyopConv2d", "inputs": ["x", "k", ["b"]],
-               "attrs": {"stride": 2, "padding": 1, "N_bias": 1}}],
+               "attrs": {"stride": [2, 2], "padding": [1], "N_bias": 1}}],
     "fetch": ["c"],
 }
 

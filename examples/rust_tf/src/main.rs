@@ -100,6 +100,16 @@ fn build(spec: &Value) -> Result<(Graph, HashMap<String, Operation>)> {
                     (None, Some(f)) => d.set_attr_float(attr, f as f32)?,
                     _ => bail!("spec: {name}.{attr}: {x} is out of range"),
                 },
+                // int[] attributes are TF list(int)s (a single int is not one)
+                Value::Array(items) => {
+                    let ints = items
+                        .iter()
+                        .map(Value::as_i64)
+                        .collect::<Option<Vec<i64>>>();
+                    let ints =
+                        ints.with_context(|| format!("spec: {name}.{attr}: a list of ints"))?;
+                    d.set_attr_int_list(attr, &ints)?
+                }
                 _ => bail!("spec: {name}.{attr}: unsupported attribute value {v}"),
             }
         }
