@@ -70,12 +70,21 @@ class Rule:
             for f, a in zip(m, axes):
                 if a is None or not self.split(f) or f in chosen:
                     continue
-                names = a if isinstance(a, tuple) else (a,)
+                names = _names(a)
                 if taken.intersection(names):
                     continue
                 chosen[f] = a
                 taken.update(names)
         return chosen
+
+    def summed_axes(self, out: int, chosen: dict[int, Any]) -> tuple:
+        """The mesh axes output ``out`` must be summed over, given :meth:`assign`'s choice."""
+        return tuple(a for f in self.summed(out) if f in chosen for a in _names(chosen[f]))
+
+
+def _names(a) -> tuple:
+    """A placement's mesh axis names: one name or a tuple of them."""
+    return a if isinstance(a, tuple) else (a,)
 
 
 def _replicated(ranks_in: Sequence[int], ranks_out: Sequence[int]) -> dict:

@@ -415,13 +415,7 @@ def _partitioned_call(name: str, attrs: dict, present: tuple[bool, ...], xs, src
     def partition(mesh, arg_shapes, result_shape):
         chosen = rule.assign([_mesh_axes(a.sharding, len(a.shape)) for a in arg_shapes])
         spec = lambda m: NamedSharding(mesh, PartitionSpec(*[chosen.get(f) for f in m]))  # noqa: E731
-        sums = []
-        for i in range(len(rule.outputs)):
-            axes = []
-            for f in rule.summed(i):
-                if f in chosen:
-                    axes += list(chosen[f] if isinstance(chosen[f], tuple) else (chosen[f],))
-            sums.append(tuple(axes))
+        sums = [rule.summed_axes(i, chosen) for i in range(len(rule.outputs))]
 
         def lower(*local):
             outs = _raw_call(name, attrs, present, local, src)

@@ -418,8 +418,6 @@ def _register_sharding_now(info: dict[str, Any], ns: str = "polyop", meta: Any =
     ``Partial`` (summed: a weight gradient over a sharded batch); plus all-replicated. Dims the
     rule says are whole are never sharded, so DTensor redistributes an input sharded along one
     (softmax's axis) before the op."""
-    if not torch.distributed.is_available():
-        return
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.experimental import register_sharding
 
