@@ -112,10 +112,31 @@ summary() {
     echo "$line"
 }
 
+# Heavy build products kept outside the clone, so that CI (a fresh clone each run) reuses
+# them: the cargo target directories (cargo rebuilds whatever changed, and a clone's sources
+# are newer than anything built before it) and the compat installs (one directory per package
+# and version, tests/test_compat.py). Only paths a checkout does not have yet are linked, so a
+# developer's own target/ is never touched. POLYOP_CI_CACHE=none turns it off.
+CACHED_DIRS=(target examples/guide/target examples/pipeline/serve/target
+    examples/rust_ort/target examples/rust_tch/target examples/rust_tf/target
+    examples/swiglu/target .cache/compat)
+link_caches() {
+    local cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}
+    [ "$cache" = none ] && return 0
+    local d
+    for d in "${CACHED_DIRS[@]}"; do
+        if [ ! -e "$d" ] && [ ! -L "$d" ]; then
+            mkdir -p "$cache/$d" "$(dirname "$d")" && ln -s "$cache/$d" "$d"
+        fi
+    done
+    echo "build caches: $cache ($(du -sh "$cache" 2>/dev/null | cut -f1))"
+}
+
 main() {
     cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
     ROOT=$PWD
     START=$(date +%s)
+    link_caches
 
     # the first run installs several GB of frameworks and builds everything
     if ! bounded "ci/setup.sh" 5400 bash ci/setup.sh; then
