@@ -708,6 +708,32 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
     }
 }
 
+/// [`zip_map`] over one flat run of `n` contiguous output elements: input `k` is read at the
+/// same flat index (`bcast[k]` false: it has the output's `n` elements in the output's
+/// contiguous order) or is a single element broadcast everywhere (`bcast[k]` true).
+fn flat_run<T: Scalar, const N: usize>(
+    pool: &dyn ThreadPool,
+    ptrs: [InPtr<T>; N],
+    bcast: [bool; N],
+    op: OutPtr<T>,
+    n: usize,
+    f: &(impl Fn([T::C; N]) -> T::C + Sync),
+) -> Result<()> {
+    parallel_for(pool, n, GRAIN, |range| {
+        // SAFETY: the output is contiguous (`out_ptr` checked it) with `n` elements, and
+        // `parallel_for` hands each task a disjoint `range` within `0..n`. Each input
+        // broadcasts to the output shape (checked by the caller) and either reaches offsets
+        // `0..n` contiguously in the output's order (so every index of `range` is one of its
+        // elements) or is broadcast from its only element at offset 0. An in-place input
+        // aliases the output with the same layout, as `flat_map` requires.
+        with_simd(
+            #[inline(always)]
+            || unsafe { flat_map::<T, N>(ptrs, bcast, op, range, f) },
+        )
+    });
+    Ok(())
+}
+
 /// `out[i] = f([in_0[i], .., in_{N-1}[i]])` over `out_shape`, with each input broadcast to
 /// `out_shape` (NumPy rules; the caller checked compatibility) and read through its strides.
 /// The output is contiguous and may alias an input that has the output's exact layout (in-place
@@ -718,12 +744,12 @@ pub fn zip_map<T: Scalar, const N: usize>(
     out: &mut TensorMut,
     f: impl Fn([T::C; N]) -> T::C + Sync,
 ) -> Result<()> {
-    let out_shape = out.shape.clone();
-    let n = numel(&out_shape);
+    let n = numel(&out.shape);
     let op = out_ptr::<T>(out)?;
-    let mut ptrs = Vec::with_capacity(N);
-    for t in inputs {
-        ptrs.push(in_ptr::<T>(t)?);
+    let out_shape = &out.shape[..];
+    let mut ptrs = [InPtr(std::ptr::null()); N];
+    for (p, t) in ptrs.iter_mut().zip(inputs) {
+        *p = in_ptr::<T>(t)?;
         let off = out_shape.len().checked_sub(t.rank());
         let fits = off.is_some_and(|off| {
             t.shape
@@ -738,9 +764,17 @@ pub fn zip_map<T: Scalar, const N: usize>(
             )));
         }
     }
-    let ptrs: [InPtr<T>; N] = std::array::from_fn(|k| ptrs[k]);
     if n == 0 {
         return Ok(());
+    }
+    // The usual case, recognised without allocating (this runs on every call of a small op):
+    // every input is contiguous with the output's element count, or a single element.
+    let flat: Option<[bool; N]> = inputs
+        .iter()
+        .all(|t| t.numel() == 1 || (t.numel() == n && t.is_contiguous()))
+        .then(|| std::array::from_fn(|k| inputs[k].numel() == 1 && n != 1));
+    if let Some(bcast) = flat {
+        return flat_run(pool, ptrs, bcast, op, n, &f);
     }
     let bs: Vec<Vec<isize>> = inputs
         .iter()
@@ -754,19 +788,7 @@ pub fn zip_map<T: Scalar, const N: usize>(
     if dims.len() == 1 && s_in.iter().all(|&s| s == 0 || s == 1) {
         // One flat run: every input contiguous or a broadcast scalar.
         let bcast: [bool; N] = std::array::from_fn(|k| s_in[k] == 0);
-        parallel_for(pool, n, GRAIN, |range| {
-            // SAFETY: the output is contiguous (`out_ptr` checked it) with `n` elements, and
-            // `parallel_for` hands each task a disjoint `range` within `0..n`. Each input
-            // broadcasts to the output shape (checked above) and, after coalescing to one dim,
-            // has stride 1 (it reaches offsets `0..n`, so every index of `range` is one of its
-            // elements) or stride 0 (a broadcast scalar: offset 0 is its only element). An
-            // in-place input aliases the output with the same layout, as `flat_map` requires.
-            with_simd(
-                #[inline(always)]
-                || unsafe { flat_map::<T, N>(ptrs, bcast, op, range, &f) },
-            )
-        });
-        return Ok(());
+        return flat_run(pool, ptrs, bcast, op, n, &f);
     }
     parallel_for(pool, n, GRAIN, |range| {
         let mut bufs = [[T::C::default(); BLOCK]; N];

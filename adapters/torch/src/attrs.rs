@@ -13,8 +13,9 @@ use kernel_core::{AttrValue, Error, OpDef, Result};
 /// `stack` is torch's boxed stack for `op`: at least `op.schema.args.len()` entries, each
 /// encoding an argument of the schema's type, owned by the callee; none is read again.
 pub(crate) unsafe fn decode(op: &'static OpDef, stack: *mut StableIValue) -> Result<DecodedArgs> {
-    let mut tensors = Vec::new();
-    let mut attrs = Vec::new();
+    let n_tensors = op.schema.tensor_args().count();
+    let mut tensors = Vec::with_capacity(n_tensors);
+    let mut attrs = Vec::with_capacity(op.schema.args.len() - n_tensors);
     let mut first_err = None;
     for (i, arg) in op.schema.args.iter().enumerate() {
         // SAFETY: torch passes a stack of at least num_args entries (checked by the caller).

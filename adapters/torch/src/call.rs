@@ -69,17 +69,21 @@ pub(crate) unsafe fn call(
         || op.bind_attrs(given.iter().map(|(n, v)| (*n, v.clone()))),
     )?;
 
-    let infos: Vec<Option<Info>> = inputs
-        .iter()
-        .zip(op.schema.tensor_args())
-        .map(|(t, arg)| t.as_ref().map(|t| info(op, &arg.name, t)).transpose())
-        .collect::<Result<_>>()?;
     let mut device: Option<(i32, i32, &str)> = None;
-    for (i, arg) in infos.iter().zip(op.schema.tensor_args()) {
-        let Some(i) = i else { continue };
+    let mut refs: Vec<Option<TensorRef<'_>>> = Vec::with_capacity(inputs.len());
+    for (t, arg) in inputs.iter().zip(op.schema.tensor_args()) {
+        let Some(t) = t else {
+            refs.push(None);
+            continue;
+        };
+        let Info {
+            device_type,
+            device_index,
+            view,
+        } = info(op, &arg.name, t)?;
         match device {
-            None => device = Some((i.device_type, i.device_index, &arg.name)),
-            Some((t, _, first)) if t != i.device_type => {
+            None => device = Some((device_type, device_index, &arg.name)),
+            Some((t, _, first)) if t != device_type => {
                 return Err(Error::invalid(format!(
                     "inputs `{first}` and `{}` are on different devices",
                     arg.name
@@ -87,12 +91,12 @@ pub(crate) unsafe fn call(
             }
             _ => {}
         }
+        refs.push(Some(view));
     }
     let Some((dev_type, dev_index, _)) = device else {
         return Err(Error::invalid("no tensor input"));
     };
     let is_meta = dev_type == codes().meta;
-    let refs: Vec<Option<TensorRef<'_>>> = infos.into_iter().map(|i| i.map(|i| i.view)).collect();
     let mut outs = TorchOutputs {
         device: (dev_type, dev_index),
         outputs: Vec::with_capacity(op.num_outputs()),

@@ -218,4 +218,8 @@ impl<'a> OutputAllocator<'a> for TorchOutputs {
         // by `self` until pushed on the stack.
         Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, p) })
     }
+    /// `empty_strided` always gives new storage.
+    fn always_fresh(&self) -> bool {
+        true
+    }
 }

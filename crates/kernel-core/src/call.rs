@@ -19,7 +19,7 @@ use crate::{
     AttrValue, Attrs, DType, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef, ThreadPool,
 };
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
 /// A small most-recently-added cache: at most `cap` items, the oldest dropped first. A
 /// contended cache is bypassed rather than waited for (a miss costs only recomputation), and
@@ -92,6 +92,9 @@ pub const CALL_SITES: usize = 32;
 /// the framework passed them (so a repeated call neither decodes nor binds them again).
 pub struct CallSites {
     sites: Bounded<(Box<[u8]>, Arc<CallSite>)>,
+    /// The site of the empty key (no attribute given: an op without attributes, or every
+    /// default), found without locking or comparing.
+    defaults: OnceLock<Arc<CallSite>>,
 }
 
 impl Default for CallSites {
@@ -109,6 +112,7 @@ impl CallSites {
     pub const fn new() -> Self {
         CallSites {
             sites: Bounded::new(CALL_SITES),
+            defaults: OnceLock::new(),
         }
     }
     /// The site whose key `key` writes; on a miss `bind` decodes and binds the attributes.
@@ -131,6 +135,11 @@ impl CallSites {
             if !key(buf) {
                 return Err(None);
             }
+            if buf.is_empty() {
+                if let Some(s) = self.defaults.get() {
+                    return Err(Some(s.clone()));
+                }
+            }
             let hit = self
                 .sites
                 .find_map(|(k, s)| (**k == buf[..]).then(|| s.clone()));
@@ -145,8 +154,13 @@ impl CallSites {
             Ok(k) => Some(k),
         };
         let site = Arc::new(CallSite::new(bind()?));
-        if let Some(k) = owned_key {
-            self.sites.insert_with(|| (k, site.clone()));
+        match owned_key {
+            Some(k) if k.is_empty() => {
+                // (A racing thread may have set it first: its site is equivalent.)
+                let _ = self.defaults.set(site.clone());
+            }
+            Some(k) => self.sites.insert_with(|| (k, site.clone())),
+            None => {}
         }
         Ok(site)
     }
@@ -295,7 +309,7 @@ pub fn run<'t>(
         // the kernel read through a shared view of memory it writes: such inputs are copied
         // first, so views never alias.
         let copies: Vec<Option<OwnedTensor>> =
-            if inputs.iter().flatten().any(|t| overlaps(t, &views)) {
+            if !outputs.always_fresh() && inputs.iter().flatten().any(|t| overlaps(t, &views)) {
                 inputs
                     .iter()
                     .map(|t| {

@@ -135,6 +135,12 @@ pub struct KernelCtx<'a, 'b> {
 /// How a data-dependent op gets its outputs once it knows their shapes.
 pub trait OutputAllocator<'a> {
     fn allocate(&mut self, index: usize, dtype: DType, shape: &[usize]) -> Result<TensorMut<'a>>;
+    /// True when every output is new memory that no input can share (a fresh framework
+    /// allocation), so the call path need not look for overlaps. The default is the safe
+    /// answer: outputs may alias inputs (XLA's `input_output_aliases`, caller buffers).
+    fn always_fresh(&self) -> bool {
+        false
+    }
 }
 
 impl<'a, 'b> KernelCtx<'a, 'b> {
