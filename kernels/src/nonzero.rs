@@ -9,7 +9,8 @@
 use crate::common::{expect_shape, with_numeric, GRAIN};
 use crate::elementwise::req;
 use kernel_core::{
-    parallel::chunks, DType, Dim, Element, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
+    parallel::chunks, DType, Dim, Element, InferCtx, KernelCtx, OnnxLayout, OnnxOp, OpDef,
+    Registry, Result, ShapeOut,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -24,6 +25,8 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .cpu(nonzero_cpu)
             .data_dependent_shape()
             .onnx_name("NonZero")
+            // ONNX's output is [rank, n], the transpose of polyop's [n, rank]
+            .onnx(OnnxOp::new("NonZero", &[9, 13]).layout(OnnxLayout::TransposeOutput(0)))
             .build()?,
     )?;
     Ok(())
