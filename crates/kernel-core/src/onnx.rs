@@ -299,9 +299,8 @@ impl OnnxOp {
             match a {
                 OnnxAttr::Map { onnx, to, default } => {
                     let ty = schema_attr_ty(op, to)?;
-                    match node.attr(onnx, ty).or_else(|| default.clone()) {
-                        Some(val) => given.push((to, val)),
-                        None => {}
+                    if let Some(val) = node.attr(onnx, ty).or_else(|| default.clone()) {
+                        given.push((to, val));
                     }
                 }
                 OnnxAttr::Require { onnx, value } => {
