@@ -34,12 +34,12 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .onnx(OnnxOp::new("TopK", &[1]).attr("k", "k").attr("axis", "axis"))
         .onnx(
             OnnxOp::new("TopK", &[10])
-                .inputs([OnnxInput::Tensor(0), OnnxInput::ConstInt("k")])
+                .inputs([OnnxInput::Tensor(0), OnnxInput::IntAttr("k")])
                 .attr("axis", "axis"),
         )
         .onnx(
             OnnxOp::new("TopK", &[11, 24])
-                .inputs([OnnxInput::Tensor(0), OnnxInput::ConstInt("k")])
+                .inputs([OnnxInput::Tensor(0), OnnxInput::IntAttr("k")])
                 .attr("axis", "axis")
                 .attr_default("largest", "largest", AttrValue::Int(1))
                 .require("sorted", AttrValue::Int(1)),

@@ -27,8 +27,8 @@ use kernel_core::ffi::string_from_c;
 use kernel_core::onnx::flatten_2d_dims;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    call, ArgType, AttrValue, CallSite, DType, Dim, Error, OnnxNode, OnnxOp, OnnxPlan, OpDef,
-    OwnedTensor, Phase, Registry, Result, TensorMut, TensorRef, TensorSpec,
+    call, ArgType, AttrValue, CallSite, CallSites, DType, Dim, Error, OnnxNode, OnnxOp, OnnxPlan,
+    OpDef, OwnedTensor, Phase, Registry, Result, TensorMut, TensorRef, TensorSpec,
 };
 use ort_sys::{
     OrtApiBase, OrtEpDevice, OrtErrorCode, OrtGraph, OrtHardwareDevice, OrtHardwareDeviceType,
@@ -85,6 +85,8 @@ struct Kernel {
     claim: &'static Claim,
     plan: OnnxPlan,
     site: CallSite,
+    /// Per distinct run-time attribute values (`plan.runtime_ints`), when there are any.
+    sites: CallSites,
 }
 
 fn verbose() -> bool {
@@ -821,6 +823,7 @@ unsafe extern "system" fn create_kernel(
             claim,
             plan,
             site,
+            sites: CallSites::new(),
         });
         made = Box::into_raw(k) as *mut OrtKernelImpl;
         Ok(())
@@ -926,10 +929,54 @@ unsafe extern "system" fn kernel_compute(
             pending: None,
         };
         let pool = OrtPool { api, ctx };
-        call::run(op, &ins, &k.site, &mut outs, &pool, Phase::Compute)?;
+        if k.plan.runtime_ints.is_empty() {
+            call::run(op, &ins, &k.site, &mut outs, &pool, Phase::Compute)?;
+        } else {
+            // SAFETY: as above.
+            let vals = unsafe { runtime_ints(api, &k.plan, ctx) }?;
+            let site = k.sites.get_or_bind(
+                |key| {
+                    vals.iter()
+                        .for_each(|v| key.extend_from_slice(&v.to_ne_bytes()));
+                    true
+                },
+                || k.plan.attrs_with(op, &vals),
+            )?;
+            call::run(op, &ins, &site, &mut outs, &pool, Phase::Compute)?;
+        }
         outs.finish()
     })
     .0
+}
+
+/// The values of the plan's run-time int attributes, from the node's inputs.
+///
+/// # Safety
+/// `ctx` is the kernel context of the running compute call.
+unsafe fn runtime_ints(api: Api, plan: &OnnxPlan, ctx: *mut OrtKernelContext) -> Result<Vec<i64>> {
+    // SAFETY: `ctx` is live (this function's contract).
+    let n_in = unsafe { api.input_count(ctx) }?;
+    plan.runtime_ints
+        .iter()
+        .map(|&(j, name)| {
+            let missing = || Error::invalid(format!("no value for `{name}` (input {j})"));
+            if j >= n_in {
+                return Err(missing());
+            }
+            // SAFETY: j < the context's input count; the value is read during this call.
+            let v = unsafe { api.input(ctx, j) }?;
+            if v.is_null() {
+                return Err(missing());
+            }
+            // SAFETY: as above.
+            match unsafe { int_values(api, v) }.as_deref() {
+                Some([x]) => Ok(*x),
+                _ => Err(Error::invalid(format!(
+                    "`{name}` (input {j}) must be a tensor of one integer"
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// The op's inputs as views of the node's (2-D views when the plan flattens), and input 0's

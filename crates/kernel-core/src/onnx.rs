@@ -21,9 +21,10 @@ use crate::{AttrValue, Attrs, DType};
 pub enum OnnxInput {
     /// The op's tensor input `i` (schema order).
     Tensor(usize),
-    /// A constant one-element integer tensor (an initializer) that gives the op's int
-    /// attribute of this name (ONNX `TopK`'s `K` input: polyop's `k` attribute).
-    ConstInt(&'static str),
+    /// A one-element integer tensor that gives the op's int attribute of this name (ONNX
+    /// `TopK`'s `K` input: polyop's `k` attribute): bound once when it is a constant
+    /// initializer, else read at run time (and bound once per distinct value).
+    IntAttr(&'static str),
 }
 
 /// How one ONNX attribute maps onto the schema.
@@ -204,6 +205,23 @@ pub struct OnnxPlan {
     pub flatten_axis: Option<usize>,
     /// Output transposed from the op's 2-D result.
     pub transpose_output: Option<usize>,
+    /// Attributes read at run time from one-element integer inputs: (node input, attribute).
+    pub runtime_ints: Vec<(usize, &'static str)>,
+}
+
+impl OnnxPlan {
+    /// The attributes with the run-time values of [`OnnxPlan::runtime_ints`] (in that order),
+    /// bound to `op`'s schema.
+    pub fn attrs_with(&self, op: &OpDef, values: &[i64]) -> crate::Result<Attrs> {
+        let given = self.attrs.iter().map(|(n, v)| {
+            let rt = self.runtime_ints.iter().position(|(_, a)| *a == n);
+            (
+                n,
+                rt.map_or_else(|| v.clone(), |i| AttrValue::Int(values[i])),
+            )
+        });
+        op.bind_attrs(given.collect::<Vec<_>>())
+    }
 }
 
 /// `[prod(dims[..axis]), prod(dims[axis..])]`, unknown when a factor is.
@@ -266,6 +284,7 @@ impl OnnxOp {
         let mut specs: Vec<Option<TensorSpec>> = vec![None; tensor_args.len()];
         let mut map: Vec<Option<usize>> = vec![None; tensor_args.len()];
         let mut given: Vec<(&'static str, AttrValue)> = Vec::new();
+        let mut runtime_ints = Vec::new();
         for (j, inp) in inputs.iter().enumerate() {
             let got = if j < n_in { node.input(j) } else { None };
             match inp {
@@ -284,15 +303,31 @@ impl OnnxOp {
                         map[*i] = Some(j);
                     }
                 },
-                OnnxInput::ConstInt(name) => {
-                    let vals = node
-                        .const_ints(j)
-                        .ok_or_else(|| format!("input {j} is not a constant initializer"))?;
-                    match vals[..] {
+                OnnxInput::IntAttr(name) => match node.const_ints(j) {
+                    Some(vals) => match vals[..] {
                         [k] => given.push((name, AttrValue::Int(k))),
                         _ => return Err(format!("input {j} does not hold one value")),
+                    },
+                    None => {
+                        // read at run time: an int64 tensor of one element
+                        let spec = match got {
+                            Some(Ok(spec)) => spec,
+                            _ => return Err(format!("input {j} is absent or not a tensor")),
+                        };
+                        if spec.dtype != DType::I64 {
+                            return Err(format!("input {j} is {}, not int64", spec.dtype));
+                        }
+                        if spec
+                            .concrete()
+                            .is_some_and(|s| s.iter().product::<usize>() != 1)
+                        {
+                            return Err(format!("input {j} does not hold one value"));
+                        }
+                        // (validated with the value 0 here; the real one at run time)
+                        given.push((name, AttrValue::Int(0)));
+                        runtime_ints.push((j, *name));
                     }
-                }
+                },
             }
         }
         for a in &self.attrs {
@@ -386,6 +421,7 @@ impl OnnxOp {
             inputs: map,
             flatten_axis,
             transpose_output,
+            runtime_ints,
         })
     }
 }
@@ -458,7 +494,7 @@ mod tests {
     #[test]
     fn maps_attributes_with_onnx_defaults() {
         let m = OnnxOp::new("Thing", &[3, 7])
-            .inputs([OnnxInput::Tensor(0), OnnxInput::ConstInt("k")])
+            .inputs([OnnxInput::Tensor(0), OnnxInput::IntAttr("k")])
             .attr_default("axis", "axis", AttrValue::Int(1))
             .attr_default("epsilon", "eps", AttrValue::Float(0.25))
             .require("mode", AttrValue::Int(1));
@@ -478,8 +514,17 @@ mod tests {
         n.attrs.push(("mode", AttrValue::Int(0)));
         assert!(m.plan(&op, &n).unwrap_err().contains("mode"));
         n.attrs.pop();
+        // k not a constant: read at run time
         n.consts.clear();
-        assert!(m.plan(&op, &n).unwrap_err().contains("constant"));
+        let p = m.plan(&op, &n).unwrap();
+        assert_eq!(p.runtime_ints, vec![(1, "k")]);
+        assert_eq!(p.attrs_with(&op, &[5]).unwrap().int("k").unwrap(), 5);
+        assert_eq!(p.attrs_with(&op, &[5]).unwrap().int("axis").unwrap(), 1);
+        // ... but only from a one-element int64 tensor
+        n.inputs[1] = Some(Ok(TensorSpec::new(DType::I64, &[2])));
+        assert!(m.plan(&op, &n).unwrap_err().contains("one value"));
+        n.inputs[1] = Some(Ok(TensorSpec::new(DType::I32, &[1])));
+        assert!(m.plan(&op, &n).unwrap_err().contains("int64"));
     }
 
     #[test]
