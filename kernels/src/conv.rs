@@ -912,3 +912,90 @@ where
 fn conv2d_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
     with_float!(ctx.input(0).dtype, T => conv2d_backward_k::<T>(ctx))
 }
+
+#[cfg(test)]
+mod onnx_tests {
+    use super::*;
+    use kernel_core::DType;
+
+    struct Node {
+        x: Vec<Option<usize>>,
+        w: Vec<usize>,
+        attrs: Vec<(&'static str, AttrValue)>,
+    }
+    impl OnnxNode for Node {
+        fn since_version(&self) -> u32 {
+            11
+        }
+        fn num_inputs(&self) -> usize {
+            2
+        }
+        fn input(&self, i: usize) -> Option<std::result::Result<TensorSpec, String>> {
+            Some(Ok(match i {
+                0 => TensorSpec::with_dims(DType::F32, self.x.clone()),
+                _ => TensorSpec::new(DType::F32, &self.w),
+            }))
+        }
+        fn attr(&self, name: &str, _ty: &ArgType) -> Option<AttrValue> {
+            self.attrs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        }
+        fn const_ints(&self, _i: usize) -> Option<Vec<i64>> {
+            None
+        }
+    }
+
+    fn pads(
+        node: &Node,
+        given: Vec<(&'static str, AttrValue)>,
+    ) -> std::result::Result<Vec<i64>, String> {
+        let mut given = given;
+        onnx_conv_check(node, &mut given)?;
+        Ok(match given.iter().find(|(n, _)| *n == "padding") {
+            Some((_, AttrValue::IntList(p))) => p.clone(),
+            _ => vec![],
+        })
+    }
+
+    #[test]
+    fn auto_pad_resolves_as_onnx_defines_it() {
+        let x = vec![Some(1), Some(2), Some(7), Some(6)];
+        let same = |mode: &str| Node {
+            x: x.clone(),
+            w: vec![3, 2, 4, 3],
+            attrs: vec![("auto_pad", AttrValue::Str(mode.into()))],
+        };
+        // height 7, stride 2: out 4, total pad (4-1)*2 + 4 - 7 = 3; width 6: out 3, 2*2+3-6 = 1
+        let stride = vec![("stride", AttrValue::IntList(vec![2, 2]))];
+        assert_eq!(
+            pads(&same("SAME_UPPER"), stride.clone()).unwrap(),
+            [1, 0, 2, 1]
+        );
+        assert_eq!(pads(&same("SAME_LOWER"), stride).unwrap(), [2, 1, 1, 0]);
+        assert_eq!(pads(&same("VALID"), vec![]).unwrap(), [0, 0, 0, 0]);
+        // NOTSET leaves the mapped `pads` alone
+        assert_eq!(pads(&same("NOTSET"), vec![]).unwrap(), Vec::<i64>::new());
+        // SAME over a dynamic spatial dim is not claimed
+        let mut n = same("SAME_UPPER");
+        n.x[2] = None;
+        assert!(pads(&n, vec![]).unwrap_err().contains("dynamic"));
+    }
+
+    #[test]
+    fn only_2d_convolutions_with_the_weight_s_kernel_shape() {
+        let mut n = Node {
+            x: vec![Some(1), Some(2), Some(9)],
+            w: vec![3, 2, 3],
+            attrs: vec![],
+        };
+        assert!(pads(&n, vec![]).unwrap_err().contains("2-D"));
+        n.x = vec![Some(1), Some(2), Some(9), Some(9)];
+        n.w = vec![3, 2, 3, 3];
+        n.attrs = vec![("kernel_shape", AttrValue::IntList(vec![3, 2]))];
+        assert!(pads(&n, vec![]).unwrap_err().contains("kernel_shape"));
+        n.attrs = vec![("kernel_shape", AttrValue::IntList(vec![3, 3]))];
+        assert!(pads(&n, vec![]).is_ok());
+    }
+}

@@ -97,28 +97,54 @@ fn status(api: Api, e: &Error) -> Status {
     api.status(e)
 }
 
-fn claims_of(registry: &'static Registry, api: Api) -> &'static [Claim] {
-    let mut v: Vec<Claim> = Vec::new();
+/// Every (op, declared ONNX op, schema version) of `registry`, one per (op type, version): the
+/// first op to declare a version serves it.
+fn claim_table(registry: &'static Registry) -> Vec<(&'static OpDef, &'static OnnxOp, u32)> {
+    let mut v: Vec<(&'static OpDef, &'static OnnxOp, u32)> = Vec::new();
     for op in registry.ops() {
         for map in &op.onnx {
             for &version in map.versions {
-                // one kernel per (op type, version): the first op to declare it serves it
-                if v.iter()
-                    .any(|c| c.map.op_type == map.op_type && c.version == version)
+                if !v
+                    .iter()
+                    .any(|(_, m, ver)| m.op_type == map.op_type && *ver == version)
                 {
-                    continue;
+                    v.push((op, map, version));
                 }
-                v.push(Claim {
-                    op,
-                    map,
-                    version,
-                    op_type: CString::new(map.op_type).unwrap_or_default(),
-                    api,
-                });
             }
         }
     }
-    Box::leak(v.into_boxed_slice())
+    v
+}
+
+/// The claims of `registry` under `api`, built once per process (onnxruntime keeps pointers to
+/// them in every kernel registry).
+fn claims_of(registry: &'static Registry, api: Api) -> &'static [Claim] {
+    type Cache = std::sync::Mutex<Vec<((usize, usize), &'static [Claim])>>;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let key = (
+        registry as *const Registry as usize,
+        api.0 as *const ort_sys::OrtApi as usize,
+    );
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
+        return c;
+    }
+    let claims: Vec<Claim> = claim_table(registry)
+        .into_iter()
+        .map(|(op, map, version)| Claim {
+            op,
+            map,
+            version,
+            op_type: CString::new(map.op_type).unwrap_or_default(),
+            api,
+        })
+        .collect();
+    let claims: &'static [Claim] = Box::leak(claims.into_boxed_slice());
+    cache.push((key, claims));
+    claims
 }
 
 /// The provider's `CreateEpFactories`: one factory for `registry`'s standard ops.
@@ -1037,4 +1063,39 @@ unsafe fn ep_inputs<'a>(
         }));
     }
     Ok((out, full))
+}
+
+#[cfg(all(test, feature = "stock"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stock_provider_is_named_and_claims_each_declared_version_once() {
+        let reg = polyop_kernels::registry();
+        assert_eq!(provider_name(reg), "PolyopExecutionProvider");
+        let table = claim_table(reg);
+        let mut keys: Vec<(&str, u32)> = table.iter().map(|(_, m, v)| (m.op_type, *v)).collect();
+        let n = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "one kernel per (op type, version)");
+        // every declared version of every op is in the table, served by the declaring op
+        for op in reg.ops() {
+            for m in &op.onnx {
+                for v in m.versions {
+                    assert!(table.iter().any(|(o, t, ver)| o.name == op.name
+                        && t.op_type == m.op_type
+                        && ver == v));
+                }
+            }
+        }
+        assert!(n >= 20, "{n} kernels");
+    }
+
+    #[test]
+    fn an_author_registry_gets_its_own_provider_name() {
+        let reg: &'static Registry = Box::leak(Box::new(Registry::named("my_ops")));
+        assert_eq!(provider_name(reg), "MyOpsExecutionProvider");
+        assert!(claim_table(reg).is_empty());
+    }
 }
