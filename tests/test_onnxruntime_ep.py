@@ -359,6 +359,9 @@ def test_outside_the_semantics_stays_on_cpu(tmp_path):
         # SAME padding over a dynamic spatial dim
         (one_node("Conv", ["float32"] * 2, [[1, 2, "H", 5], [3, 2, 3, 3]], 11, {"auto_pad": "SAME_UPPER"}),
          {"x0": data([1, 2, 6, 5], "float32"), "x1": data([3, 2, 3, 3], "float32")}, None),
+        # NonZero of a scalar: ONNX's is that of a one-element vector, [1, n]
+        (one_node("NonZero", ["float32"], [[]], 13, out_dtypes=["int64"]),
+         {"x0": np.array(2.0, np.float32)}, np.zeros((1, 1))),
         # a scale that only broadcasts to the normalized shape
         (one_node("RMSNormalization", ["float32"] * 2, [x.shape, [1]], 23),
          {"x0": x, "x1": np.array([2.0], np.float32)}, None),
