@@ -551,7 +551,7 @@ def randomized(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "resnet50"])
 def test_light_model_matches_the_cpu_provider(name, tmp_path):
     model = randomized(onnx.load(LIGHT / f"light_{name}.onnx"))
     data_in = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}][0]
