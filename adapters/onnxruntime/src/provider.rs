@@ -910,7 +910,7 @@ impl EpOutputs {
         };
         let v = t.view();
         let (r, c) = (v.shape[0], v.shape[1]);
-        let mut out = self.inner.allocate(i, v.dtype, &[c, r])?;
+        let out = self.inner.allocate(i, v.dtype, &[c, r])?;
         let es = v.dtype.size();
         let src = t.as_bytes();
         let dst = out.ptr();
@@ -927,7 +927,6 @@ impl EpOutputs {
                 };
             }
         }
-        let _ = &mut out;
         Ok(())
     }
 }
