@@ -118,7 +118,7 @@ summary() {
 # and version, tests/test_compat.py). Only paths a checkout does not have yet are linked, so a
 # developer's own target/ is never touched. POLYOP_CI_CACHE=none turns it off.
 CACHED_DIRS=(target examples/guide/target examples/pipeline/serve/target
-    examples/rust_ort/target examples/rust_tch/target examples/rust_tf/target
+    examples/rust_ort/target examples/rust_ort_ep/target examples/rust_tch/target examples/rust_tf/target
     examples/swiglu/target .cache/compat)
 link_caches() {
     local cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}

@@ -13,8 +13,9 @@ use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel_for, Attrs, BwdInput, Dim, Error, Factor, InferCtx, KernelCtx, OpDef, Registry,
-    Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
+    parallel_for, ArgType, AttrValue, Attrs, BwdInput, Dim, Error, Factor, InferCtx, KernelCtx,
+    OnnxNode, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
+    TensorSpec,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -25,6 +26,18 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .doc("2-D convolution: NCHW input, weight [O, C/groups, kH, kW], zero padding (one int, [height, width] or [top, left, bottom, right]), per-axis stride and dilation, grouped and depthwise")
         .infer(conv2d_infer)
         .cpu(conv2d_cpu)
+        // 2-D Conv: `pads` is [top, left, bottom, right] like polyop's four-int padding;
+        // `kernel_shape` and `auto_pad` are checked / resolved by `onnx_conv_check`
+        .onnx(
+            OnnxOp::new("Conv", &[1, 11, 22])
+                .attr("strides", "stride")
+                .attr("pads", "padding")
+                .attr("dilations", "dilation")
+                .attr("group", "groups")
+                .ignore("kernel_shape")
+                .ignore("auto_pad")
+                .check(onnx_conv_check),
+        )
         .backward(
             "conv2d_backward",
             &[
@@ -49,6 +62,76 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .sharding(conv_backward_sharding)
         .build()?,
     )?;
+    Ok(())
+}
+
+/// The ONNX `Conv` rules the declarative mapping cannot state: a 2-D convolution only (rank-4
+/// input and weight with static kernel dims), `kernel_shape` equal to the weight's, and
+/// `auto_pad` resolved to explicit pads (`SAME_*` from the static spatial input dims, as ONNX
+/// defines it: total padding `max(0, (ceil(in / stride) - 1) * stride + (k - 1) * dilation + 1
+/// - in)`, the odd unit at the end for `SAME_UPPER`, at the beginning for `SAME_LOWER`).
+fn onnx_conv_check(
+    node: &dyn OnnxNode,
+    given: &mut Vec<(&'static str, AttrValue)>,
+) -> std::result::Result<(), String> {
+    let dims = |i: usize| -> Option<Vec<Option<usize>>> {
+        match node.input(i)? {
+            Ok(TensorSpec { shape: Some(s), .. }) => Some(s.iter().map(Dim::known).collect()),
+            _ => None,
+        }
+    };
+    let x = dims(0)
+        .filter(|d| d.len() == 4)
+        .ok_or("not a 2-D convolution (input rank != 4)")?;
+    let w = dims(1)
+        .filter(|d| d.len() == 4)
+        .ok_or("not a 2-D convolution (weight rank != 4)")?;
+    let (Some(kh), Some(kw)) = (w[2], w[3]) else {
+        return Err("the kernel's spatial dims are not static".into());
+    };
+    if let Some(AttrValue::IntList(ks)) = node.attr("kernel_shape", &ArgType::IntList(None)) {
+        if ks != [kh as i64, kw as i64] {
+            return Err(format!(
+                "kernel_shape {ks:?} differs from the weight's [{kh}, {kw}]"
+            ));
+        }
+    }
+    let pair = |name: &str| -> std::result::Result<[i64; 2], String> {
+        match given.iter().find(|(n, _)| *n == name).map(|(_, v)| v) {
+            None => Ok([1, 1]),
+            Some(AttrValue::IntList(v)) if v.len() == 2 => Ok([v[0], v[1]]),
+            Some(v) => Err(format!("{name} = {}", v.schema_literal())),
+        }
+    };
+    let mode = match node.attr("auto_pad", &ArgType::Str) {
+        Some(AttrValue::Str(s)) => s,
+        _ => "NOTSET".into(),
+    };
+    let pads: Vec<i64> = match mode.as_str() {
+        "NOTSET" => return Ok(()),
+        "VALID" => vec![0; 4],
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let (stride, dilation) = (pair("stride")?, pair("dilation")?);
+            let mut begin = [0i64; 2];
+            let mut end = [0i64; 2];
+            for a in 0..2 {
+                let n = x[2 + a].ok_or("auto_pad SAME with a dynamic spatial dim")? as i64;
+                let k = [kh, kw][a] as i64;
+                let s = stride[a].max(1);
+                let total = (((n + s - 1) / s - 1) * s + (k - 1) * dilation[a] + 1 - n).max(0);
+                begin[a] = if mode == "SAME_LOWER" {
+                    (total + 1) / 2
+                } else {
+                    total / 2
+                };
+                end[a] = total - begin[a];
+            }
+            vec![begin[0], begin[1], end[0], end[1]]
+        }
+        other => return Err(format!("auto_pad {other}")),
+    };
+    given.retain(|(n, _)| *n != "padding");
+    given.push(("padding", AttrValue::IntList(pads)));
     Ok(())
 }
 
@@ -828,4 +911,91 @@ where
 
 fn conv2d_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
     with_float!(ctx.input(0).dtype, T => conv2d_backward_k::<T>(ctx))
+}
+
+#[cfg(test)]
+mod onnx_tests {
+    use super::*;
+    use kernel_core::DType;
+
+    struct Node {
+        x: Vec<Option<usize>>,
+        w: Vec<usize>,
+        attrs: Vec<(&'static str, AttrValue)>,
+    }
+    impl OnnxNode for Node {
+        fn since_version(&self) -> u32 {
+            11
+        }
+        fn num_inputs(&self) -> usize {
+            2
+        }
+        fn input(&self, i: usize) -> Option<std::result::Result<TensorSpec, String>> {
+            Some(Ok(match i {
+                0 => TensorSpec::with_dims(DType::F32, self.x.clone()),
+                _ => TensorSpec::new(DType::F32, &self.w),
+            }))
+        }
+        fn attr(&self, name: &str, _ty: &ArgType) -> Option<AttrValue> {
+            self.attrs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        }
+        fn const_ints(&self, _i: usize) -> Option<Vec<i64>> {
+            None
+        }
+    }
+
+    fn pads(
+        node: &Node,
+        given: Vec<(&'static str, AttrValue)>,
+    ) -> std::result::Result<Vec<i64>, String> {
+        let mut given = given;
+        onnx_conv_check(node, &mut given)?;
+        Ok(match given.iter().find(|(n, _)| *n == "padding") {
+            Some((_, AttrValue::IntList(p))) => p.clone(),
+            _ => vec![],
+        })
+    }
+
+    #[test]
+    fn auto_pad_resolves_as_onnx_defines_it() {
+        let x = vec![Some(1), Some(2), Some(7), Some(6)];
+        let same = |mode: &str| Node {
+            x: x.clone(),
+            w: vec![3, 2, 4, 3],
+            attrs: vec![("auto_pad", AttrValue::Str(mode.into()))],
+        };
+        // height 7, stride 2: out 4, total pad (4-1)*2 + 4 - 7 = 3; width 6: out 3, 2*2+3-6 = 1
+        let stride = vec![("stride", AttrValue::IntList(vec![2, 2]))];
+        assert_eq!(
+            pads(&same("SAME_UPPER"), stride.clone()).unwrap(),
+            [1, 0, 2, 1]
+        );
+        assert_eq!(pads(&same("SAME_LOWER"), stride).unwrap(), [2, 1, 1, 0]);
+        assert_eq!(pads(&same("VALID"), vec![]).unwrap(), [0, 0, 0, 0]);
+        // NOTSET leaves the mapped `pads` alone
+        assert_eq!(pads(&same("NOTSET"), vec![]).unwrap(), Vec::<i64>::new());
+        // SAME over a dynamic spatial dim is not claimed
+        let mut n = same("SAME_UPPER");
+        n.x[2] = None;
+        assert!(pads(&n, vec![]).unwrap_err().contains("dynamic"));
+    }
+
+    #[test]
+    fn only_2d_convolutions_with_the_weight_s_kernel_shape() {
+        let mut n = Node {
+            x: vec![Some(1), Some(2), Some(9)],
+            w: vec![3, 2, 3],
+            attrs: vec![],
+        };
+        assert!(pads(&n, vec![]).unwrap_err().contains("2-D"));
+        n.x = vec![Some(1), Some(2), Some(9), Some(9)];
+        n.w = vec![3, 2, 3, 3];
+        n.attrs = vec![("kernel_shape", AttrValue::IntList(vec![3, 2]))];
+        assert!(pads(&n, vec![]).unwrap_err().contains("kernel_shape"));
+        n.attrs = vec![("kernel_shape", AttrValue::IntList(vec![3, 3]))];
+        assert!(pads(&n, vec![]).is_ok());
+    }
 }

@@ -11,9 +11,9 @@ use crate::common::{
     in_ptr, out_ptr, with_float, with_numeric, zip_map, InPtr, Num, Real, Scalar, GRAIN,
 };
 use kernel_core::{
-    broadcast_dims, fmt_dims, numel, parallel_for, BwdInput, DType, Error, InferCtx, KernelCtx,
-    OpDef, OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule, TensorMut, TensorRef,
-    ThreadPool,
+    broadcast_dims, fmt_dims, numel, parallel_for, AttrValue, BwdInput, DType, Error, InferCtx,
+    KernelCtx, OnnxOp, OpDef, OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule,
+    TensorMut, TensorRef, ThreadPool,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -24,6 +24,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .infer(same_shape)
             .cpu(negate_cpu)
             .backward("negate", &[BwdInput::Grad(0)], &[0])
+            .onnx(OnnxOp::new("Neg", &[6, 13]))
             .sharding(ShardingRule::broadcast)
             .build()?,
     )?;
@@ -33,6 +34,9 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .dtypes(DType::NUMERIC)
             .infer(broadcast_infer)
             .cpu(add_cpu)
+            // (Add-7 on: NumPy broadcasting; Sum-8 on, with exactly two inputs)
+            .onnx(OnnxOp::new("Add", &[7, 13, 14]))
+            .onnx(OnnxOp::new("Sum", &[8, 13]))
             .backward(
                 "add_backward",
                 &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],
@@ -69,6 +73,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .dtypes(DType::NUMERIC)
             .infer(same_shape)
             .cpu(relu_cpu)
+            .onnx(OnnxOp::new("Relu", &[6, 13, 14]))
             .backward(
                 "relu_backward",
                 &[BwdInput::Grad(0), BwdInput::Input(0)],
@@ -129,6 +134,11 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .dtypes(DType::FLOAT)
             .infer(gelu_infer)
             .cpu(gelu_cpu)
+            .onnx(OnnxOp::new("Gelu", &[20]).attr_default(
+                "approximate",
+                "approximate",
+                AttrValue::Str("none".into()),
+            ))
             .backward(
                 "gelu_backward",
                 &[BwdInput::Grad(0), BwdInput::Input(0)],

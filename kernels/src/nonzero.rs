@@ -9,7 +9,8 @@
 use crate::common::{expect_shape, with_numeric, GRAIN};
 use crate::elementwise::req;
 use kernel_core::{
-    parallel::chunks, DType, Dim, Element, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
+    parallel::chunks, DType, Dim, Element, InferCtx, KernelCtx, OnnxLayout, OnnxNode, OnnxOp,
+    OpDef, Registry, Result, ShapeOut,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -24,9 +25,27 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .cpu(nonzero_cpu)
             .data_dependent_shape()
             .onnx_name("NonZero")
+            // ONNX's output is [rank, n], the transpose of polyop's [n, rank]
+            .onnx(
+                OnnxOp::new("NonZero", &[9, 13])
+                    .layout(OnnxLayout::TransposeOutput(0))
+                    .check(onnx_nonzero_check),
+            )
             .build()?,
     )?;
     Ok(())
+}
+
+/// ONNX's `NonZero` of a scalar is that of a one-element vector (`[1, n]`), polyop's has no
+/// coordinates (`[n, 0]`): only inputs of known rank >= 1 are claimed.
+fn onnx_nonzero_check(
+    node: &dyn OnnxNode,
+    _given: &mut Vec<(&'static str, kernel_core::AttrValue)>,
+) -> std::result::Result<(), String> {
+    match node.input(0) {
+        Some(Ok(spec)) if spec.rank().is_some_and(|r| r >= 1) => Ok(()),
+        _ => Err("the input's rank is 0 or unknown".into()),
+    }
 }
 
 fn nonzero_infer(ctx: &InferCtx) -> Result<Vec<ShapeOut>> {

@@ -19,8 +19,9 @@ use crate::common::{
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
 use kernel_core::{
-    normalize_axis, parallel::chunks, BwdInput, Dim, Error, InferCtx, KernelCtx, OpDef,
-    OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
+    normalize_axis, parallel::chunks, widen_f32_attr, AttrValue, BwdInput, Dim, Error, InferCtx,
+    KernelCtx, OnnxOp, OpDef, OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule,
+    TensorRef,
 };
 use num_traits::Float as _;
 
@@ -33,6 +34,15 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .axis_attr("axis")
         .infer(rms_norm_infer)
         .cpu(rms_norm_cpu)
+        // scale must have exactly x.shape[axis:] (ONNX also allows a broadcastable one: not
+        // claimed); stash_type 1 (float32 statistics) is what polyop computes for half types
+        // and float32, and ONNX's reference computes double in double
+        .onnx(
+            OnnxOp::new("RMSNormalization", &[23])
+                .attr_default("axis", "axis", AttrValue::Int(-1))
+                .attr_default("epsilon", "eps", AttrValue::Float(widen_f32_attr(1e-5)))
+                .require("stash_type", AttrValue::Int(1)),
+        )
         .backward(
             "rms_norm_backward",
             &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Input(1)],

@@ -15,8 +15,8 @@ use crate::common::{
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
 use kernel_core::{
-    normalize_axis, parallel_for, BwdInput, InferCtx, KernelCtx, OpDef, Registry, Result, ShapeOut,
-    ShardingRule,
+    normalize_axis, parallel_for, AttrValue, BwdInput, InferCtx, KernelCtx, OnnxLayout, OnnxOp,
+    OpDef, Registry, Result, ShapeOut, ShardingRule,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -26,6 +26,17 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .axis_attr("axis")
             .infer(softmax_infer)
             .cpu(softmax_cpu)
+            // opset 13 on: along `axis` (default -1)
+            .onnx(OnnxOp::new("Softmax", &[13]).attr("axis", "axis"))
+            // before: the input viewed as 2-D at `axis` (default 1), softmax over each row
+            .onnx(
+                OnnxOp::new("Softmax", &[1, 11])
+                    .set("axis", AttrValue::Int(-1))
+                    .layout(OnnxLayout::Flatten2D {
+                        attr: "axis",
+                        default: 1,
+                    }),
+            )
             .backward(
                 "softmax_backward",
                 &[BwdInput::Grad(0), BwdInput::Output(0)],

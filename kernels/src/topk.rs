@@ -14,8 +14,8 @@ use crate::common::{
 };
 use crate::elementwise::req;
 use kernel_core::{
-    fmt_dims, normalize_axis, parallel_for, BwdInput, DType, Dim, Error, InferCtx, KernelCtx,
-    OpDef, Registry, Result, ShapeOut, ShardingRule,
+    fmt_dims, normalize_axis, parallel_for, AttrValue, BwdInput, DType, Dim, Error, InferCtx,
+    KernelCtx, OnnxInput, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardingRule,
 };
 use std::cmp::Ordering;
 
@@ -30,6 +30,20 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .axis_attr("axis")
         .infer(topk_infer)
         .cpu(topk_cpu)
+        // ONNX's TopK is polyop's topk with sorted output (ties: lower index first)
+        .onnx(OnnxOp::new("TopK", &[1]).attr("k", "k").attr("axis", "axis"))
+        .onnx(
+            OnnxOp::new("TopK", &[10])
+                .inputs([OnnxInput::Tensor(0), OnnxInput::IntAttr("k")])
+                .attr("axis", "axis"),
+        )
+        .onnx(
+            OnnxOp::new("TopK", &[11, 24])
+                .inputs([OnnxInput::Tensor(0), OnnxInput::IntAttr("k")])
+                .attr("axis", "axis")
+                .attr_default("largest", "largest", AttrValue::Int(1))
+                .require("sorted", AttrValue::Int(1)),
+        )
         .backward(
             "topk_backward",
             &[BwdInput::Grad(0), BwdInput::Input(0), BwdInput::Output(1)],

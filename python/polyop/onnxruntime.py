@@ -11,6 +11,9 @@ module only adds conveniences::
     model = pox.make_model("topk", [x], k=2)              # a one-node ModelProto
     values, indices = pox.run("topk", x, k=2)             # build + InferenceSession + run
 
+    so = pox.provider_session_options()  # standard ONNX ops (Conv, Add, ...) on polyop's
+                                         # execution provider, the rest on the CPU provider
+
 ``load(path=None)`` returns the object every ``polyop.<framework>.load()`` returns
 (:class:`polyop._library.Loaded`): one attribute per op running it in an ``InferenceSession``
 on NumPy arrays (``lib.topk(x, k=2)``, like :func:`run`), ``call(name, *arrays, **attrs)``,
@@ -132,6 +135,56 @@ def session_options(library: str | None = None, **kw: Any) -> ort.SessionOptions
             raise TypeError(f"polyop: onnxruntime.SessionOptions has no attribute {k!r}")
         setattr(so, k, v)
     so.register_custom_ops_library(_lib(library)[0])
+    return so
+
+
+#: The execution provider's name for the stock library (``<Namespace>ExecutionProvider`` for
+#: an author's registry ``Registry::named("<namespace>")``).
+PROVIDER = "PolyopExecutionProvider"
+
+_providers: dict[str, str] = {}
+
+
+def provider_name(library: str | None = None) -> str:
+    """The execution provider name of the stock library (``PolyopExecutionProvider``) or of
+    ``library``: its registry namespace in CamelCase + ``ExecutionProvider``."""
+    if library is None:
+        return PROVIDER
+    ns = namespace_of(_lib(library)[2])
+    return "".join(w[:1].upper() + w[1:] for w in ns.split("_")) + "ExecutionProvider"
+
+
+def provider_devices(library: str | None = None) -> list:
+    """The ``OrtEpDevice``s of polyop's execution provider (the stock library, or
+    ``library``), registering the library with
+    ``onnxruntime.register_execution_provider_library`` once per process."""
+    path = _lib(library)[0]
+    if path not in _providers:
+        name = "polyop" if library is None else f"polyop:{path}"
+        ort.register_execution_provider_library(name, path)
+        _providers[path] = name
+    ep = provider_name(library)
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == ep]
+    if not devices:
+        raise RuntimeError(f"polyop: {path} registered but offers no {ep} device")
+    return devices
+
+
+def provider_session_options(library: str | None = None, **kw: Any) -> ort.SessionOptions:
+    """A new ``onnxruntime.SessionOptions`` that runs the standard ONNX ops polyop implements
+    (``Conv``, ``Softmax``, ``Add``, ...; docs/onnxruntime.md has the table) on polyop's
+    execution provider, ONNX Runtime's CPU provider running every other node::
+
+        so = pox.provider_session_options(enable_profiling=True)
+        sess = onnxruntime.InferenceSession("resnet50.onnx", so)
+
+    Keyword arguments set ``SessionOptions`` attributes. ``library``: an author's library."""
+    so = ort.SessionOptions()
+    for k, v in kw.items():
+        if not hasattr(so, k):
+            raise TypeError(f"polyop: onnxruntime.SessionOptions has no attribute {k!r}")
+        setattr(so, k, v)
+    so.add_provider_for_devices(provider_devices(library), {})
     return so
 
 

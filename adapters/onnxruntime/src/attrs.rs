@@ -89,33 +89,29 @@ impl Reader for KernelInfo {
     }
 }
 
-struct ShapeCtx(Api, *const OrtShapeInferContext);
+/// The attributes of a node as `OrtOpAttr`s (`get` looks one up by name): in shape inference
+/// (`ShapeInferContext_GetAttribute`) and in an execution provider's graph
+/// (`Node_GetAttributeByName`), read with `ReadOpAttr`.
+pub(crate) struct OpAttrs<G>(pub Api, pub G);
 
-impl ShapeCtx {
-    fn attr(&self, n: &CString) -> Option<*const OrtOpAttr> {
-        // SAFETY: the context is live for the InferOutputShapeFn call that built this.
-        unsafe { self.0.sic_attr(self.1, n) }
-    }
+impl<G: Fn(&CString) -> Option<*const OrtOpAttr>> OpAttrs<G> {
     fn bytes(&self, n: &CString, ty: A) -> Option<Vec<u8>> {
-        // SAFETY: a non-null attribute of the live context.
-        self.attr(n)
-            .and_then(|a| unsafe { self.0.read_attr_bytes(a, ty) })
+        // SAFETY: `get` returns live, non-null attributes of the node being read (the
+        // contract of whoever built this reader).
+        (self.1)(n).and_then(|a| unsafe { self.0.read_attr_bytes(a, ty) })
     }
 }
 
-impl Reader for ShapeCtx {
+impl<G: Fn(&CString) -> Option<*const OrtOpAttr>> Reader for OpAttrs<G> {
     fn int(&self, n: &CString) -> Option<i64> {
-        // SAFETY: a non-null attribute of the live context.
-        let b = self
-            .attr(n)
-            .and_then(|a| unsafe { self.0.read_attr_scalar(a, A::ORT_OP_ATTR_INT) });
+        // SAFETY: as in `bytes`.
+        let b = (self.1)(n).and_then(|a| unsafe { self.0.read_attr_scalar(a, A::ORT_OP_ATTR_INT) });
         b.map(i64::from_ne_bytes)
     }
     fn float(&self, n: &CString) -> Option<f32> {
-        // SAFETY: a non-null attribute of the live context.
-        let b = self
-            .attr(n)
-            .and_then(|a| unsafe { self.0.read_attr_scalar(a, A::ORT_OP_ATTR_FLOAT) });
+        // SAFETY: as in `bytes`.
+        let b =
+            (self.1)(n).and_then(|a| unsafe { self.0.read_attr_scalar(a, A::ORT_OP_ATTR_FLOAT) });
         b.and_then(|b| f32::from_ne(&b[..4]))
     }
     fn string(&self, n: &CString) -> Option<String> {
@@ -129,6 +125,28 @@ impl Reader for ShapeCtx {
     fn floats(&self, n: &CString) -> Option<Vec<f32>> {
         Some(ne_values(&self.bytes(n, A::ORT_OP_ATTR_FLOATS)?))
     }
+}
+
+/// One attribute `name` read as `ty` (other types tried too, as for binding); `None` when absent.
+pub(crate) fn read_one<G: Fn(&CString) -> Option<*const OrtOpAttr>>(
+    r: OpAttrs<G>,
+    name: &str,
+    ty: &ArgType,
+) -> Option<AttrValue> {
+    Source(r).get(name, ty).ok().flatten()
+}
+
+/// One attribute of the node whose kernel is being created; `None` when absent.
+///
+/// # Safety
+/// `info` must be the kernel info of a kernel-creation call in progress.
+pub(crate) unsafe fn kernel_info_attr(
+    api: Api,
+    info: *const OrtKernelInfo,
+    name: &str,
+    ty: &ArgType,
+) -> Option<AttrValue> {
+    Source(KernelInfo(api, info)).get(name, ty).ok().flatten()
 }
 
 /// Attributes given on the node at kernel creation, bound to the op's schema.
@@ -148,5 +166,7 @@ pub unsafe fn from_shape_ctx(
     op: &OpDef,
     ctx: *const OrtShapeInferContext,
 ) -> Result<Attrs> {
-    op.decode_attrs(&mut Source(ShapeCtx(api, ctx)))
+    // SAFETY: the context is live for the InferOutputShapeFn call (this function's contract).
+    let get = |n: &CString| unsafe { api.sic_attr(ctx, n) };
+    op.decode_attrs(&mut Source(OpAttrs(api, get)))
 }

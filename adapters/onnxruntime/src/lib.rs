@@ -17,6 +17,7 @@ mod attrs;
 mod call;
 mod error;
 mod pool;
+pub mod provider;
 mod register;
 mod shape;
 mod sys;
@@ -174,6 +175,43 @@ macro_rules! export {
             // SAFETY: onnxruntime calls `RegisterCustomOps` with its own session options and
             // API base, which is the contract of `register_custom_ops_in_domain`.
             unsafe { $crate::register_custom_ops_in_domain($domain, $registry, options, api_base) }
+        }
+        /// The plugin execution provider's entry point
+        /// (`onnxruntime.register_execution_provider_library`): one factory for the standard
+        /// ONNX ops the registry's ops implement.
+        ///
+        /// # Safety
+        /// Called by ONNX Runtime with its API base and output array.
+        #[no_mangle]
+        pub unsafe extern "C" fn CreateEpFactories(
+            _registered_name: *const ::std::ffi::c_char,
+            api_base: *const $crate::__OrtApiBase,
+            _default_logger: *const ::std::ffi::c_void,
+            factories: *mut *mut ::std::ffi::c_void,
+            max_factories: usize,
+            num_factories: *mut usize,
+        ) -> *mut $crate::__OrtStatus {
+            // SAFETY: onnxruntime's arguments, passed on unchanged.
+            unsafe {
+                $crate::provider::create_ep_factories(
+                    $registry,
+                    api_base,
+                    factories,
+                    max_factories,
+                    num_factories,
+                )
+            }
+        }
+        /// Releases a factory `CreateEpFactories` made.
+        ///
+        /// # Safety
+        /// Called by ONNX Runtime with a factory from `CreateEpFactories`, once.
+        #[no_mangle]
+        pub unsafe extern "C" fn ReleaseEpFactory(
+            factory: *mut ::std::ffi::c_void,
+        ) -> *mut $crate::__OrtStatus {
+            // SAFETY: as documented above.
+            unsafe { $crate::provider::release_ep_factory(factory) }
         }
         $crate::__polyop_export::library_exports!(
             framework = "onnxruntime",

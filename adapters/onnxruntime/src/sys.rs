@@ -11,6 +11,8 @@
 //! `CreateKernelV2`, a value or attribute obtained from one of those), and each index is below
 //! the count the same handle reports.
 
+pub mod ep;
+
 use kernel_core::ffi::{slice_from_c, string_from_c};
 use kernel_core::{with_i64_dims, Dim, Error, Result};
 use ort_sys::{

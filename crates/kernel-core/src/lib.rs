@@ -19,6 +19,7 @@ pub mod error;
 pub mod exec;
 pub mod ffi;
 pub mod fpenv;
+pub mod onnx;
 pub mod op;
 pub mod parallel;
 pub mod schema;
@@ -32,6 +33,7 @@ pub use dim::{broadcast_dims, fmt_dims, BinOp, Constraint, Dim, Expr, Relation};
 pub use dtype::{DType, DTypeCodes, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, OpRef, Result};
 pub use fpenv::KernelFpEnv;
+pub use onnx::{OnnxAttr, OnnxInput, OnnxLayout, OnnxNode, OnnxOp, OnnxPlan};
 pub use op::{
     camel_case, Backward, BwdInput, InferCtx, Inferred, KernelCtx, OpBuilder, OpDef, OpFlags,
     OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,

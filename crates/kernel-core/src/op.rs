@@ -253,6 +253,8 @@ pub struct OpDef {
     pub namespace: &'static str,
     /// Which dims may stay split across devices ([`crate::sharding`]); `None`: none.
     pub sharding: Option<ShardFn>,
+    /// The standard ONNX ops it implements exactly ([`crate::onnx`]), for execution providers.
+    pub onnx: Vec<crate::onnx::OnnxOp>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -292,6 +294,7 @@ pub struct OpBuilder {
     onnx_name: Option<&'static str>,
     axis_attrs: Vec<&'static str>,
     sharding: Option<ShardFn>,
+    onnx: Vec<crate::onnx::OnnxOp>,
 }
 
 impl OpDef {
@@ -319,6 +322,7 @@ impl OpDef {
             onnx_name: None,
             axis_attrs: Vec::new(),
             sharding: None,
+            onnx: Vec::new(),
         }
     }
 
@@ -710,6 +714,13 @@ impl OpBuilder {
         self.sharding = Some(f);
         self
     }
+    /// A standard ONNX op this op implements exactly ([`crate::onnx::OnnxOp`]); may be given
+    /// several times (one ONNX op type per call, or one per range of schema versions whose
+    /// mapping differs).
+    pub fn onnx(mut self, m: crate::onnx::OnnxOp) -> Self {
+        self.onnx.push(m);
+        self
+    }
 
     pub fn build(self) -> Result<OpDef> {
         let schema = Schema::parse(self.schema)?;
@@ -769,6 +780,7 @@ impl OpBuilder {
             axis_attrs: self.axis_attrs,
             namespace: DEFAULT_NAMESPACE,
             sharding: self.sharding,
+            onnx: self.onnx,
         })
     }
 }

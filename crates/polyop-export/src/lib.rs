@@ -124,6 +124,13 @@ pub fn op_json(op: &OpDef) -> Value {
         "backward": backward,
         "camel_name": op.camel_name,
         "onnx_name": op.onnx_op_type(),
+        // the standard ONNX ops it implements (an execution provider's claims)
+        "onnx_standard": op.onnx.iter().map(|m| json!({
+            "op_type": m.op_type,
+            "versions": m.versions,
+            "attrs": m.attr_names(),
+            "dtypes": m.dtypes.unwrap_or(op.dtypes).iter().map(|d| d.name()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "num_inputs": op.num_inputs(),
         "num_outputs": op.num_outputs(),
     })
