@@ -37,6 +37,9 @@ fn main() {
     // References bind to this library's own definitions (cxx's runtime symbols are exported
     // by every cxx-built library).
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
+    // MindSpore dlopens and dlcloses the library around every shape and type inference: never
+    // unloaded, it is not loaded again (with its registry built again) on every call.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!(
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}/cxx/exports.map",
         env!("CARGO_MANIFEST_DIR")
