@@ -48,15 +48,12 @@ def rand(shape, dtype, lo=-3.0, hi=3.0):
 
 
 def to_ms(a):
-    if a.dtype == ml_dtypes.bfloat16:  # MindSpore takes no bfloat16 NumPy array: exact via f32
-        return ms.Tensor(a.astype(np.float32), dtype=ms.bfloat16)
-    return ms.Tensor(a)
+    return ms.Tensor(a)  # bfloat16 as an ml_dtypes array: the bits are kept
 
 
 def to_np(t):
-    if t.dtype == ms.bfloat16:
-        return t.float().asnumpy().astype(ml_dtypes.bfloat16)
-    return t.asnumpy()
+    a = t.asnumpy()  # MindSpore's own bfloat16 NumPy type: viewed as ml_dtypes'
+    return a.view(ml_dtypes.bfloat16) if a.dtype.name == "bfloat16" else a
 
 
 def as_tuple(out):
