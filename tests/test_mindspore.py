@@ -52,8 +52,10 @@ def to_ms(a):
 
 
 def to_np(t):
-    a = t.asnumpy()  # MindSpore's own bfloat16 NumPy type: viewed as ml_dtypes'
-    return a.view(ml_dtypes.bfloat16) if a.dtype.name == "bfloat16" else a
+    # MindSpore has its own bfloat16 NumPy type besides ml_dtypes'; viewed as the one NumPy
+    # resolves the name to, which is what polyop.run returns (it asks NumPy by name)
+    a = t.asnumpy()
+    return a.view(np.dtype("bfloat16")) if a.dtype.name == "bfloat16" else a
 
 
 def as_tuple(out):
