@@ -101,9 +101,11 @@ class MindSporeBackend(Backend):
             return "data-dependent output shape: refused inside MindSpore graphs (PyNative only)"
         if mode in ("jit", "symbolic") and any(
                 np.ndim(x) == 0 and np.asarray(x).dtype.name == "bfloat16" for x in _present(case)):
-            # Seen with MindSpore 2.10: wrong values, the op's own result correct in PyNative
-            # mode and at every other rank and dtype; not understood yet (docs/mindspore.md).
-            return "a rank-0 bfloat16 input in a MindSpore graph comes back wrong (open issue)"
+            # MindSpore 2.10 hands a graph's rank-0 result back as a Python number; for a
+            # bfloat16 result of a Custom op the number is wrong (right in PyNative mode, at
+            # rank >= 1 and in other dtypes). Not understood yet (docs/mindspore.md).
+            return ("a rank-0 bfloat16 result comes back from a MindSpore graph as a wrong "
+                    "Python number (open issue)")
         if mode == "grad" and not info.get("backward"):
             return "op has no gradient"
         if any(x is None for x in _present(case)):
