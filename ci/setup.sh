@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent set-up from a fresh clone: Python venv with the pinned frameworks, the four
-# framework libraries (cargo build --release) and the `polyop` Python package (maturin).
+# Idempotent set-up from a fresh clone: Python venv with the pinned frameworks, the five
+# framework libraries (cargo build --release), the `polyop` Python package (maturin) and
+# MindSpore's own venv (.venv-mindspore).
 # Needs: python3.11, cargo, a C/C++ compiler; network to PyPI and crates.io on first run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -53,3 +54,23 @@ if ! out=$(VIRTUAL_ENV="$ROOT/.venv" PATH="$ROOT/.venv/bin:$PATH" maturin develo
     exit 1
 fi
 "$VPY" -c 'import polyop; print(f"[setup] polyop {polyop.__version__}: {len(polyop.ops())} ops")' >&2
+
+# 5. MindSpore in its own environment: MindSpore 2.10 needs numpy<2, .venv has numpy 2.
+#    Pinned by ci/mindspore.lock (installed when its hash changes, as in step 2); polyop is
+#    importable there from the checkout through a .pth file (polyop._core is abi3, so the
+#    extension maturin built serves this interpreter too).
+MS=.venv-mindspore
+if [ ! -x "$MS/bin/python" ]; then
+    log "creating $MS"
+    "$VPY" -m venv "$MS"
+fi
+MS_STAMP=$MS/.polyop-requirements.sha256
+MS_WANT=$(sha256sum ci/mindspore.lock | cut -d' ' -f1)
+if [ "$(cat "$MS_STAMP" 2>/dev/null || true)" != "$MS_WANT" ]; then
+    log "installing ci/mindspore.lock into $MS (first run: a 767 MB wheel)"
+    "$MS/bin/python" -m pip install --disable-pip-version-check -q -r ci/mindspore.lock
+    echo "$MS_WANT" >"$MS_STAMP"
+else
+    log "MindSpore requirements up to date"
+fi
+"$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"

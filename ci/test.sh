@@ -48,14 +48,14 @@ check() {
     fi
 }
 
-# One pytest process per file: run_pytest FILE [SECONDS].
+# One pytest process per file: run_pytest FILE [SECONDS] [PYTHON] (default: .venv's).
 run_pytest() {
-    local file=$1 secs=${2:-1800}
+    local file=$1 secs=${2:-1800} py=${3:-$VPY}
     local xml
     xml="$LOGDIR/$(echo "$file" | tr '/' '_').xml"
     rm -f "$xml"
     section "pytest $file"
-    bounded "pytest $file" "$secs" "$VPY" -m pytest -q -p no:cacheprovider --junit-xml="$xml" "$file"
+    bounded "pytest $file" "$secs" "$py" -m pytest -q -p no:cacheprovider --junit-xml="$xml" "$file"
     local rc=$?
     if [ "$rc" -eq 124 ]; then
         fail "pytest $file: timed out after $((secs * SCALE))s"
@@ -178,8 +178,10 @@ main() {
 
     local t
     for t in tests/test_*.py; do
+        [ "$t" = tests/test_mindspore.py ] && continue # MindSpore's own environment, below
         run_pytest "$t" 1800
     done
+    run_pytest tests/test_mindspore.py 600 "$ROOT/.venv-mindspore/bin/python"
     run_pytest conformance/test_harness.py 600
     run_pytest conformance/test_conformance.py 3600
     # polyop's libraries under Valgrind memcheck (NumPy core + ONNX Runtime, about 35 s):

@@ -39,7 +39,8 @@ ordinary error with a message naming the op and the problem. `grad` columns are 
 framework's own gradient checks (float64). `symbolic` columns trace / compile / export each
 case once with every size larger than 1 symbolic (torch `torch.export` with `Dim`s, TF one
 `tf.function` with `None` dims, ONNX Runtime one session with `dim_param`s, JAX
-`jax.export` with symbolic shapes) and run that one artifact at three sizes (the case's, and
+`jax.export` with symbolic shapes, MindSpore one `GRAPH_MODE` cell with `None` dims; the
+MindSpore backend runs in its own environment, `.venv-mindspore`) and run that one artifact at three sizes (the case's, and
 every such size grown by 1 and by 3), each checked against the reference. Cases:
 `conformance/cases.py`.
 

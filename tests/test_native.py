@@ -443,7 +443,7 @@ def test_framework_module_without_its_framework(glue, missing, display, pip):
 def test_framework_availability_helper():
     from polyop._library import FRAMEWORKS, framework_available, require_framework
 
-    assert set(FRAMEWORKS) == {"torch", "tensorflow", "onnxruntime", "xla"}
+    assert set(FRAMEWORKS) == {"torch", "tensorflow", "onnxruntime", "xla", "mindspore"}
     assert framework_available("jax") == framework_available("xla")
     with pytest.raises(ValueError, match="unknown framework"):
         framework_available("mxnet")

@@ -67,6 +67,8 @@ FRAMEWORKS: dict[str, Framework] = {
     "onnxruntime": Framework("onnxruntime", "ONNX Runtime", ("onnxruntime", "onnx"),
                              "onnxruntime onnx", "polyop.onnxruntime"),
     "xla": Framework("xla", "JAX", ("jax", "jaxlib", "ml_dtypes"), "jax", "polyop.jax"),
+    "mindspore": Framework("mindspore", "MindSpore", ("mindspore",), "mindspore",
+                           "polyop.mindspore"),
 }
 _ALIASES = {"jax": "xla"}
 

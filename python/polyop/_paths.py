@@ -12,6 +12,7 @@ FRAMEWORKS = {
     "onnxruntime": "polyop_onnxruntime",
     "xla": "polyop_xla",
     "jax": "polyop_xla",
+    "mindspore": "polyop_mindspore",
 }
 
 _PKG_DIR = Path(__file__).resolve().parent

@@ -53,12 +53,28 @@ def run_isolated(
     return runs
 
 
+def interpreter(name: str, default: str = sys.executable) -> str:
+    """The Python that backend ``name``'s worker runs in: ``$POLYOP_<NAME>_PYTHON``, else the
+    checkout's ``.venv-<name>`` when there is one (a framework that cannot share the main
+    environment: MindSpore needs numpy<2, see ci/setup.sh), else ``default``."""
+    if not name.isidentifier():
+        return default
+    env = os.environ.get(f"POLYOP_{name.upper()}_PYTHON")
+    if env:
+        return env
+    from .._paths import REPO_ROOT
+
+    own = REPO_ROOT / f".venv-{name}" / "bin" / "python"
+    return str(own) if own.exists() else default
+
+
 def _run_worker(name, cases, reference, baseline, ops, timeout, python, env, libraries=None) -> BackendRun:
     libraries = libraries or {}
     run = BackendRun(name)
     with tempfile.TemporaryDirectory(prefix=f"polyop-conf-{name}-") as tmp:
         out = os.path.join(tmp, "results.jsonl")
-        cmd = [python, "-m", "polyop.conformance.worker", "--backend", name, "--cases", cases,
+        cmd = [interpreter(name, python), "-m", "polyop.conformance.worker", "--backend", name,
+               "--cases", cases,
                "--reference", reference, "--baseline", baseline, "--out", out]
         if ops:
             cmd += ["--ops", ",".join(ops)]

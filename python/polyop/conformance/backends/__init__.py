@@ -16,7 +16,7 @@ from ..harness import Backend, BrokenBackend
 _DIR = Path(__file__).resolve().parent
 
 #: Report order; other discovered backends follow alphabetically.
-PREFERRED_ORDER = ("native", "torch", "tensorflow", "onnxruntime", "xla")
+PREFERRED_ORDER = ("native", "torch", "tensorflow", "onnxruntime", "xla", "mindspore")
 
 
 def available() -> list[str]:
