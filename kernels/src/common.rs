@@ -778,12 +778,12 @@ pub fn zip_map<T: Scalar, const N: usize>(
     }
     let bs: Vec<Vec<isize>> = inputs
         .iter()
-        .map(|t| broadcast_strides(&t.shape, &t.strides, &out_shape))
+        .map(|t| broadcast_strides(&t.shape, &t.strides, out_shape))
         .collect();
     let per_dim: Vec<[isize; N]> = (0..out_shape.len())
         .map(|d| std::array::from_fn(|k| bs[k][d]))
         .collect();
-    let (dims, strides) = coalesce(&out_shape, &per_dim);
+    let (dims, strides) = coalesce(out_shape, &per_dim);
     let s_in = strides[strides.len() - 1];
     if dims.len() == 1 && s_in.iter().all(|&s| s == 0 || s == 1) {
         // One flat run: every input contiguous or a broadcast scalar.
