@@ -27,17 +27,23 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=$ROOT/.venv/bin/python
 
-# 2. Pinned Python packages (ci/requirements.lock is the single pin file). Skipped when the
-#    lock file has not changed since the last successful install.
-STAMP=.venv/.polyop-requirements.sha256
-WANT=$(sha256sum ci/requirements.lock | cut -d' ' -f1)
-if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
-    log "installing ci/requirements.lock into .venv (first run: several GB, a few minutes)"
-    "$VPY" -m pip install --disable-pip-version-check -q -r ci/requirements.lock
-    echo "$WANT" >"$STAMP"
-else
-    log "Python requirements up to date"
-fi
+# install_lock VENV LOCK WHAT: pip-install the pinned LOCK file into VENV, skipped when the
+# lock has not changed since the last successful install (its sha256 is stamped in VENV).
+install_lock() {
+    local venv=$1 lock=$2 what=$3 stamp want
+    stamp=$venv/.polyop-requirements.sha256
+    want=$(sha256sum "$lock" | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+        log "installing $lock into $venv ($what)"
+        "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$lock"
+        echo "$want" >"$stamp"
+    else
+        log "$lock: $venv up to date"
+    fi
+}
+
+# 2. Pinned Python packages (ci/requirements.lock is the single pin file).
+install_lock .venv ci/requirements.lock "first run: several GB, a few minutes"
 
 # 3. Rust: the kernel library and the four framework libraries (target/release/libpolyop_*.so).
 #    The Python extension is built by maturin below (with its own PyO3 settings), so it is
@@ -64,13 +70,5 @@ if [ ! -x "$MS/bin/python" ]; then
     log "creating $MS"
     "$VPY" -m venv "$MS"
 fi
-MS_STAMP=$MS/.polyop-requirements.sha256
-MS_WANT=$(sha256sum ci/mindspore.lock | cut -d' ' -f1)
-if [ "$(cat "$MS_STAMP" 2>/dev/null || true)" != "$MS_WANT" ]; then
-    log "installing ci/mindspore.lock into $MS (first run: a 767 MB wheel)"
-    "$MS/bin/python" -m pip install --disable-pip-version-check -q -r ci/mindspore.lock
-    echo "$MS_WANT" >"$MS_STAMP"
-else
-    log "MindSpore requirements up to date"
-fi
+install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
 "$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"

@@ -18,20 +18,17 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
+from _examples import cargo_build
+
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples" / "rust_ort"
-TARGET = EX / "target"
 DYLIB = next((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so.*"))
 F32_ULP = 2.0**-23
 
 
 @pytest.fixture(scope="module")
 def program() -> Path:
-    env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET))
-    p = subprocess.run(["cargo", "build", "--release", "--manifest-path", str(EX / "Cargo.toml")],
-                       capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return TARGET / "release" / "polyop-rust-ort"
+    return cargo_build(EX, "polyop-rust-ort")
 
 
 def _model(nodes, inputs, outputs, path: Path, initializers=()) -> str:

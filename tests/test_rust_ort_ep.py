@@ -18,21 +18,17 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 import polyop
+from _examples import cargo_build
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples" / "rust_ort_ep"
-TARGET = EX / "target"
 DYLIB = next((Path(ort.__file__).parent / "capi").glob("libonnxruntime.so.*"))
 LIB = polyop.library_path("onnxruntime")
 
 
 @pytest.fixture(scope="module")
 def program() -> Path:
-    env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET))
-    p = subprocess.run(["cargo", "build", "--release", "--manifest-path", str(EX / "Cargo.toml")],
-                       capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-4000:]
-    return TARGET / "release" / "polyop-rust-ort-ep"
+    return cargo_build(EX, "polyop-rust-ort-ep")
 
 
 def test_a_rust_program_runs_a_model_on_the_provider(program, tmp_path):

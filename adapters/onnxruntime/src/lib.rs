@@ -26,7 +26,6 @@ mod tensor;
 use kernel_core::{Error, Registry};
 use ort_sys::{OrtApiBase, OrtErrorCode, OrtSessionOptions, OrtStatus};
 use register::PolyOp;
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::{Mutex, OnceLock};
 use sys::{Api, API_VERSION};
@@ -36,25 +35,42 @@ pub const DOMAIN: &str = "ai.polyop";
 
 /// The custom ops for one (registry, API table) pair, built once and kept for the life of the
 /// process (ONNX Runtime keeps raw pointers to them in every session).
-type OpCache = Mutex<HashMap<(usize, usize), &'static [PolyOp]>>;
+/// Leaked slices keyed by (registry address, API table address): see [`per_registry`].
+pub(crate) type PerRegistry<T> = OnceLock<Mutex<Vec<((usize, usize), &'static [T])>>>;
 
-fn custom_ops(registry: &'static Registry, api: Api) -> &'static [PolyOp] {
-    static CACHE: OnceLock<OpCache> = OnceLock::new();
+/// What is built once per (registry, ONNX Runtime API table) and kept for the process: the
+/// custom ops and the provider's claims hold raw pointers ONNX Runtime keeps, so they are
+/// leaked, and looked up again by that key (a library serves one registry, so this stays tiny).
+pub(crate) fn per_registry<T: Send + Sync + 'static>(
+    cache: &'static PerRegistry<T>,
+    registry: &'static Registry,
+    api: Api,
+    build: impl FnOnce() -> Vec<T>,
+) -> &'static [T] {
     let key = (
         registry as *const Registry as usize,
         api.0 as *const ort_sys::OrtApi as usize,
     );
-    let mut map = CACHE
+    let mut cache = cache
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    map.entry(key).or_insert_with(|| {
-        let ops: Vec<PolyOp> = registry
+    if let Some((_, items)) = cache.iter().find(|(k, _)| *k == key) {
+        return items;
+    }
+    let items: &'static [T] = Box::leak(build().into_boxed_slice());
+    cache.push((key, items));
+    items
+}
+
+fn custom_ops(registry: &'static Registry, api: Api) -> &'static [PolyOp] {
+    static CACHE: PerRegistry<PolyOp> = OnceLock::new();
+    per_registry(&CACHE, registry, api, || {
+        registry
             .ops()
             .filter(|op| !op.flags.inplace)
             .flat_map(|op| register::variants(api, op))
-            .collect();
-        Box::leak(ops.into_boxed_slice())
+            .collect()
     })
 }
 

@@ -119,32 +119,19 @@ fn claim_table(registry: &'static Registry) -> Vec<(&'static OpDef, &'static Onn
 /// The claims of `registry` under `api`, built once per process (onnxruntime keeps pointers to
 /// them in every kernel registry).
 fn claims_of(registry: &'static Registry, api: Api) -> &'static [Claim] {
-    type Cache = std::sync::Mutex<Vec<((usize, usize), &'static [Claim])>>;
-    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
-    let key = (
-        registry as *const Registry as usize,
-        api.0 as *const ort_sys::OrtApi as usize,
-    );
-    let mut cache = CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some((_, c)) = cache.iter().find(|(k, _)| *k == key) {
-        return c;
-    }
-    let claims: Vec<Claim> = claim_table(registry)
-        .into_iter()
-        .map(|(op, map, version)| Claim {
-            op,
-            map,
-            version,
-            op_type: CString::new(map.op_type).unwrap_or_default(),
-            api,
-        })
-        .collect();
-    let claims: &'static [Claim] = Box::leak(claims.into_boxed_slice());
-    cache.push((key, claims));
-    claims
+    static CACHE: crate::PerRegistry<Claim> = std::sync::OnceLock::new();
+    crate::per_registry(&CACHE, registry, api, || {
+        claim_table(registry)
+            .into_iter()
+            .map(|(op, map, version)| Claim {
+                op,
+                map,
+                version,
+                op_type: CString::new(map.op_type).unwrap_or_default(),
+                api,
+            })
+            .collect()
+    })
 }
 
 /// The provider's `CreateEpFactories`: one factory for `registry`'s standard ops.
