@@ -125,15 +125,24 @@ def _all_workloads(size: str) -> list[Workload]:
 SMOKE = os.environ.get("POLYOP_BENCH_SMOKE") == "1"
 
 
-def measure(fns: dict[str, Callable[[], object]], min_time: float = 0.25, repeats: int = 7) -> dict[str, float]:
+def measure(
+    fns: dict[str, Callable[[], object]],
+    min_time: float = 0.25,
+    repeats: int = 7,
+    sync: Callable[[], object] | None = None,
+) -> dict[str, float]:
     """Median seconds per call of each callable. Calls are batched so each sample lasts at
     least min_time/repeats, and the callables are interleaved sample by sample so drift in the
-    machine's speed hits them equally."""
+    machine's speed hits them equally. `sync`, for a framework that runs ops asynchronously
+    (MindSpore's PyNative mode), waits for the queued work and is timed at the end of every
+    batch: a batch's time is then that of its calls run to completion, back to back."""
     if SMOKE:
         min_time, repeats = 0.005, 3
+    sync = sync or (lambda: None)
     for f in fns.values():  # warm-up (compilation, caches, thread pools)
         for _ in range(3):
             f()
+        sync()
     number = {}
     for name, f in fns.items():
         n = 1
@@ -141,6 +150,7 @@ def measure(fns: dict[str, Callable[[], object]], min_time: float = 0.25, repeat
             t0 = time.perf_counter()
             for _ in range(n):
                 f()
+            sync()
             dt = time.perf_counter() - t0
             if dt >= min_time / repeats or n >= 1 << 20:
                 break
@@ -155,6 +165,7 @@ def measure(fns: dict[str, Callable[[], object]], min_time: float = 0.25, repeat
                 t0 = time.perf_counter()
                 for _ in range(n):
                     f()
+                sync()
                 samples[name].append((time.perf_counter() - t0) / n)
     finally:
         gc.enable()
