@@ -6,6 +6,8 @@ for the same work, in the same process. Writes docs/benchmarks.md and PNG plots.
     .venv/bin/python bench/run.py --smoke      # CI's check that the harness still works
 
 Each framework runs in its own subprocess (they never share a process) and reports JSON.
+MindSpore's runs in `.venv-mindspore/bin/python` (or `$POLYOP_MINDSPORE_PYTHON`): it needs
+numpy<2, see docs/mindspore.md.
 """
 
 from __future__ import annotations
@@ -27,8 +29,22 @@ sys.path.insert(0, str(HERE))
 from common import OPS, Result, copy_bandwidth, make_workloads  # noqa: E402
 
 KINDS = {"overhead", "throughput", "sweep"}
-FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax"]
-MODULE = {"torch": "fw_torch", "tensorflow": "fw_tensorflow", "onnxruntime": "fw_onnxruntime", "jax": "fw_jax"}
+FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"]
+MODULE = {"torch": "fw_torch", "tensorflow": "fw_tensorflow", "onnxruntime": "fw_onnxruntime", "jax": "fw_jax", "mindspore": "fw_mindspore"}
+# The column next to the built-in on the overhead rows: the framework's own custom-op path.
+CUSTOM = {"torch": ("torch.library.custom_op", "custom_op"), "mindspore": ('ops.Custom "pyfunc"', "Custom")}
+
+
+def interpreter(framework: str) -> str:
+    """The Python a framework's child runs in: the conformance harness's rule
+    ($POLYOP_<FW>_PYTHON, else the checkout's .venv-<fw> when there is one, else this one).
+    A missing .venv-mindspore leaves this Python, whose failure to import MindSpore is
+    reported as that framework's failure."""
+    try:
+        from polyop.conformance.isolated import interpreter as pick
+    except ImportError:  # polyop not importable here: the children will say why
+        return sys.executable
+    return pick(framework)
 
 
 def child(framework: str, size: str, out: str, ops: list[str] | None, kinds: list[str] | None) -> None:
@@ -50,12 +66,16 @@ def collect(
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
         print(f"== {fw}", flush=True)
-        cmd = [sys.executable, __file__, "--child", fw, "--size", size, "--json", out]
+        cmd = [interpreter(fw), __file__, "--child", fw, "--size", size, "--json", out]
         if ops:
             cmd += ["--ops", ",".join(ops)]
         if kinds:
             cmd += ["--kinds", ",".join(kinds)]
-        proc = subprocess.run(cmd)
+        try:
+            proc = subprocess.run(cmd)
+        except OSError as e:  # e.g. $POLYOP_MINDSPORE_PYTHON names no interpreter
+            failures[fw] = f"cannot start {cmd[0]}: {e.strerror}"
+            continue
         if proc.returncode != 0:
             failures[fw] = f"exit code {proc.returncode}"
             continue
@@ -104,13 +124,14 @@ def write_markdown(results, versions, extra, copy_gbps, size, path: Path, plots:
         lines += [f"## {fw}", ""]
         head = "| op | kind | input | polyop | built-in | baseline | ratio |"
         sep = "|---|---|---|---|---|---|---|"
-        if fw == "torch":
-            head += " torch.library.custom_op | polyop / custom_op time |"
+        if fw in CUSTOM:
+            what, short = CUSTOM[fw]
+            head += f" {what} | polyop / {short} time |"
             sep += "---|---|"
         lines += [head, sep]
         for r in rows:
             row = f"| {r.op} | {r.kind} | {r.label} | {fmt_rate(r, r.polyop_s)} | {fmt_rate(r, r.builtin_s)} | {r.baseline} | {r.ratio:.2f} |"
-            if fw == "torch":
+            if fw in CUSTOM:
                 c = r.extra.get("custom_op_s")
                 row += f" {c * 1e6:.1f} us | {r.polyop_s / c:.2f} |" if c else " | |"
             lines.append(row)
