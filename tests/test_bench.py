@@ -1,11 +1,15 @@
 """The benchmark harness still works end to end (CI runs it in smoke mode: tiny sizes and
 short timings, so no number here means anything and nothing asserts a time)."""
 
+import importlib.util
 import math
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = {"negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_norm", "topk", "conv2d", "nonzero"}
@@ -19,7 +23,7 @@ def test_bench_smoke_covers_every_op_and_framework(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
-    for fw in ["torch", "tensorflow", "onnxruntime", "jax"]:
+    for fw in ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"]:
         section = text.split(f"## {fw}\n", 1)[1].split("\n## ", 1)[0]
         rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| op ")]
         ops = {r.split("|")[1].strip() for r in rows}
@@ -29,8 +33,33 @@ def test_bench_smoke_covers_every_op_and_framework(tmp_path):
         for r in rows:
             ratio = float(r.split("|")[7])
             assert math.isfinite(ratio) and ratio > 0, r
-        if fw == "torch":
-            assert all(re.search(r"\d+\.\d+ us \| \d+\.\d+ \|$", r) for r in rows if "| overhead |" in r), section
+        # The framework's own custom-op path, on the overhead rows: every op for torch's
+        # custom_op, the elementwise ones for MindSpore's "pyfunc" Custom op.
+        custom = {"torch": OPS, "mindspore": {"negate", "add", "scale", "relu", "add_relu"}}.get(fw, set())
+        for r in rows:
+            if "| overhead |" in r and r.split("|")[1].strip() in custom:
+                assert re.search(r"\d+\.\d+ us \| \d+\.\d+ \|$", r), (fw, r)
     for png in ["bench_ratios.png", "bench_sweep.png"]:
         data = (tmp_path / "img" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+
+
+@pytest.mark.parametrize("python", ["missing", "without-mindspore"])
+def test_bench_reports_a_framework_that_cannot_run(tmp_path, python):
+    """MindSpore runs in its own interpreter (.venv-mindspore or $POLYOP_MINDSPORE_PYTHON):
+    one that is missing, or lacks MindSpore, is a reported failure of that column."""
+    if python == "missing":
+        exe = str(tmp_path / "no-such-python")
+    else:
+        if importlib.util.find_spec("mindspore") is not None:
+            pytest.skip("this interpreter has MindSpore")
+        exe = sys.executable
+    out = tmp_path / "bench.md"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--frameworks", "mindspore",
+         "--kinds", "overhead", "--ops", "negate", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "POLYOP_MINDSPORE_PYTHON": exe},
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED frameworks: {'mindspore'" in proc.stdout, proc.stdout
+    assert "**Frameworks that failed to run:** mindspore (" in out.read_text()
