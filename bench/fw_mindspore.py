@@ -4,10 +4,15 @@ same work in NumPy: the floor of MindSpore's own Custom-op path.
 
 Runs in .venv-mindspore (MindSpore 2.10 needs numpy<2; bench/run.py picks the interpreter).
 PyNative mode queues ops on MindSpore's runtime threads and returns before they ran, so every
-timed batch ends with a wait for the queue (`measure(..., sync=...)`).
+timed batch ends with a wait for the queue (`measure(..., sync=...)`). A Custom op (polyop's
+AOT ones and the pyfunc one alike) waits for that queue on every call. With
+POLYOP_BENCH_MS_BLOCKING=1 the run calls `mindspore.runtime.launch_blocking()` first: every op
+then runs to completion inside its call (no queue, no thread hand-offs).
 """
 
 from __future__ import annotations
+
+import os
 
 import mindspore as ms
 import numpy as np
@@ -16,6 +21,9 @@ from mindspore.common.api import _pynative_executor  # what mindspore's profiler
 
 import polyop.mindspore as pms
 from common import Result, Workload, measure
+
+
+BLOCKING = os.environ.get("POLYOP_BENCH_MS_BLOCKING") == "1"
 
 
 def _rms(x, w, eps):
@@ -62,6 +70,8 @@ def _custom(op: str, attrs: dict):
 
 def run(workloads: list[Workload]) -> list[Result]:
     ms.set_context(mode=ms.PYNATIVE_MODE)
+    if BLOCKING:
+        ms.runtime.launch_blocking()
     sync = _pynative_executor.sync
     results = []
     for w in workloads:
@@ -83,7 +93,7 @@ def run(workloads: list[Workload]) -> list[Result]:
 
 
 def versions() -> dict:
-    return {"mindspore": ms.__version__}
+    return {"mindspore": ms.__version__ + (" (PyNative, launch_blocking)" if BLOCKING else " (PyNative)")}
 
 
 if __name__ == "__main__":
