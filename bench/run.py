@@ -232,6 +232,7 @@ def main() -> int:
         results, versions, extra = collect(args.frameworks.split(","), size, ops, kinds)
         copy_gbps = copy_bandwidth()
     if args.save:
+        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save).write_text(
             json.dumps(
                 {
