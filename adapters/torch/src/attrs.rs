@@ -4,7 +4,7 @@
 use crate::sys::{self as ffi, AtenTensorHandle, StableIValue};
 use crate::tensor::{check, Tensor};
 use kernel_core::schema::ArgType;
-use kernel_core::{AttrValue, Error, OpDef, Result};
+use kernel_core::{AttrValue, Error, Few, OpDef, Result};
 
 /// Take ownership of every argument on the stack (so each is released whatever happens next),
 /// turning tensors into owning handles and attributes into [`AttrValue`]s.
@@ -14,8 +14,8 @@ use kernel_core::{AttrValue, Error, OpDef, Result};
 /// encoding an argument of the schema's type, owned by the callee; none is read again.
 pub(crate) unsafe fn decode(op: &'static OpDef, stack: *mut StableIValue) -> Result<DecodedArgs> {
     let n_tensors = op.schema.tensor_args().count();
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut attrs = Vec::with_capacity(op.schema.args.len() - n_tensors);
+    let mut tensors = Few::with_capacity(n_tensors);
+    let mut attrs = Few::with_capacity(op.schema.args.len() - n_tensors);
     let mut first_err = None;
     for (i, arg) in op.schema.args.iter().enumerate() {
         // SAFETY: torch passes a stack of at least num_args entries (checked by the caller).
@@ -41,7 +41,7 @@ pub(crate) unsafe fn decode(op: &'static OpDef, stack: *mut StableIValue) -> Res
 }
 
 /// Tensor inputs (None = absent optional) and attributes by name.
-pub(crate) type DecodedArgs = (Vec<Option<Tensor>>, Vec<(&'static str, AttrValue)>);
+pub(crate) type DecodedArgs = (Few<Option<Tensor>>, Few<(&'static str, AttrValue)>);
 
 pub(crate) enum Decoded {
     Tensor(Option<Tensor>),

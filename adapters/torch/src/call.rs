@@ -7,7 +7,7 @@ use crate::attrs::decode;
 use crate::pool::TorchPool;
 use crate::sys::{self, StableIValue};
 use crate::tensor::{check, codes, info, Info, TorchOutputs};
-use kernel_core::{CallSites, Error, OpDef, Phase, Result, TensorRef};
+use kernel_core::{CallSites, Error, Few, OpDef, Phase, Result, TensorRef};
 
 /// Per registered op: which outputs alias an input (`Tensor(a!)` returns), and its call sites
 /// (attributes bound once per distinct attribute set, each with its inference cache).
@@ -70,7 +70,7 @@ pub(crate) unsafe fn call(
     )?;
 
     let mut device: Option<(i32, i32, &str)> = None;
-    let mut refs: Vec<Option<TensorRef<'_>>> = Vec::with_capacity(inputs.len());
+    let mut refs: Few<Option<TensorRef<'_>>> = Few::with_capacity(inputs.len());
     for (t, arg) in inputs.iter().zip(op.schema.tensor_args()) {
         let Some(t) = t else {
             refs.push(None);
@@ -99,7 +99,7 @@ pub(crate) unsafe fn call(
     let is_meta = dev_type == codes().meta;
     let mut outs = TorchOutputs {
         device: (dev_type, dev_index),
-        outputs: Vec::with_capacity(op.num_outputs()),
+        outputs: Few::with_capacity(op.num_outputs()),
     };
     let phase = if is_meta {
         Phase::ShapesOnly

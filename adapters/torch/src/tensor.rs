@@ -6,7 +6,7 @@ use crate::sys::{self as ffi, AtenTensorHandle};
 use kernel_core::ffi::slice_from_c;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    with_i64_contiguous, DType, DTypeCodes, Error, OpDef, Result, TensorMut, TensorRef,
+    with_i64_contiguous, DType, DTypeCodes, Error, Few, OpDef, Result, TensorMut, TensorRef,
 };
 use std::sync::OnceLock;
 
@@ -201,7 +201,7 @@ pub(crate) fn data_ptr(t: &Tensor) -> Result<*mut u8> {
 /// until they are pushed on the stack.
 pub(crate) struct TorchOutputs {
     pub device: (i32, i32),
-    pub outputs: Vec<Tensor>,
+    pub outputs: Few<Tensor>,
 }
 
 impl<'a> OutputAllocator<'a> for TorchOutputs {

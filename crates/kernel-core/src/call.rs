@@ -294,7 +294,7 @@ pub fn run<'t>(
                 None => Ok(()),
             };
         }
-        let mut views: Vec<TensorMut<'t>> = Vec::with_capacity(specs.len());
+        let mut views: crate::Few<TensorMut<'t>> = crate::Few::with_capacity(specs.len());
         for (i, s) in specs.iter().enumerate() {
             let shape = s.shape.as_deref().ok_or_else(|| {
                 Error::internal("shape inference left a dimension unknown for concrete inputs")
@@ -332,8 +332,12 @@ pub fn run<'t>(
                 .collect();
             &unaliased
         };
-        // (The views' lifetime shortens to that of the copies.)
-        let mut views: Vec<TensorMut> = views;
+        // (The views' lifetime shortens to that of the copies: moved, as `SmallVec` is
+        // invariant in its items.)
+        fn shorten<'s, 'l: 's>(v: TensorMut<'l>) -> TensorMut<'s> {
+            v
+        }
+        let mut views: crate::Few<TensorMut> = views.into_iter().map(shorten).collect();
         let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool);
         (op.cpu)(&mut ctx)
     })

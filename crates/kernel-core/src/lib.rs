@@ -51,3 +51,8 @@ pub use tensor::{
 
 // Re-exported so `dispatch_float!` works in crates that do not depend on `half` themselves.
 pub use half;
+
+/// A call's few tensors or attributes, kept inline (no heap allocation) up to four: the
+/// per-call vectors of the call path (inputs, outputs, decoded attributes) use it, since a
+/// small op's call costs about as much as a few allocations.
+pub type Few<T> = smallvec::SmallVec<[T; 4]>;

@@ -295,10 +295,15 @@ fn read_array<'py>(
 
 fn np_dtype<'py>(py: Python<'py>, d: DType) -> PyResult<Bound<'py, PyAny>> {
     if d == DType::BF16 {
-        // Registers the `bfloat16` name with NumPy.
-        py.import("ml_dtypes").map_err(|_| {
-            PyTypeError::new_err("polyop: bfloat16 arrays need the `ml_dtypes` package")
-        })?;
+        // ml_dtypes' own type, not the name: another package (MindSpore) may register a
+        // `bfloat16` of its own with NumPy, whose arrays compare unequal to ml_dtypes'.
+        let bf16 = py
+            .import("ml_dtypes")
+            .and_then(|m| m.getattr("bfloat16"))
+            .map_err(|_| {
+                PyTypeError::new_err("polyop: bfloat16 arrays need the `ml_dtypes` package")
+            })?;
+        return numpy(py)?.call_method1("dtype", (bf16,));
     }
     numpy(py)?.call_method1("dtype", (d.name(),))
 }
