@@ -22,7 +22,7 @@ use crate::sys::ep::{
     OrtSyncStreamImpl, Status, EP_API_VERSION, FACTORY_API_VERSION,
 };
 use crate::sys::{runtime, Api};
-use crate::tensor::{onnx_type_name, OrtOutputs, ONNX_DTYPES};
+use crate::tensor::{input_view, onnx_type_name, OrtOutputs, ONNX_DTYPES};
 use kernel_core::ffi::string_from_c;
 use kernel_core::onnx::flatten_2d_dims;
 use kernel_core::op::OutputAllocator;
@@ -365,6 +365,17 @@ unsafe extern "system" fn release_ep(f: *mut OrtEpFactory, ep: *mut OrtEp) {
     }
 }
 
+/// Write `v` to an out-parameter onnxruntime may leave null.
+///
+/// # Safety
+/// `out` is null or valid for a write of `T`.
+unsafe fn set_out<T>(out: *mut T, v: T) {
+    if !out.is_null() {
+        // SAFETY: non-null, so valid for a write (this function's contract).
+        unsafe { out.write(v) };
+    }
+}
+
 unsafe extern "system" fn validate_compiled(
     _f: *mut OrtEpFactory,
     _devices: *const *const OrtHardwareDevice,
@@ -372,11 +383,9 @@ unsafe extern "system" fn validate_compiled(
     _info: *const c_char,
     out: *mut c_int,
 ) -> Status {
-    if !out.is_null() {
-        // OrtCompiledModelCompatibility_EP_NOT_APPLICABLE: the provider compiles nothing.
-        // SAFETY: onnxruntime's out-parameter.
-        unsafe { *out = 0 };
-    }
+    // OrtCompiledModelCompatibility_EP_NOT_APPLICABLE: the provider compiles nothing.
+    // SAFETY: onnxruntime's out-parameter (null or writable).
+    unsafe { set_out(out, 0) };
     ptr::null_mut()
 }
 unsafe extern "system" fn create_allocator(
@@ -386,10 +395,8 @@ unsafe extern "system" fn create_allocator(
     out: *mut *mut OrtAllocator,
 ) -> Status {
     // The provider runs on onnxruntime's default CPU allocator.
-    if !out.is_null() {
-        // SAFETY: onnxruntime's out-parameter.
-        unsafe { *out = ptr::null_mut() };
-    }
+    // SAFETY: onnxruntime's out-parameter (null or writable).
+    unsafe { set_out(out, ptr::null_mut()) };
     ptr::null_mut()
 }
 unsafe extern "system" fn release_allocator(_f: *mut OrtEpFactory, _a: *mut OrtAllocator) {}
@@ -398,10 +405,8 @@ unsafe extern "system" fn create_data_transfer(
     out: *mut *mut OrtDataTransferImpl,
 ) -> Status {
     // CPU memory only: nothing to transfer.
-    if !out.is_null() {
-        // SAFETY: onnxruntime's out-parameter.
-        unsafe { *out = ptr::null_mut() };
-    }
+    // SAFETY: onnxruntime's out-parameter (null or writable).
+    unsafe { set_out(out, ptr::null_mut()) };
     ptr::null_mut()
 }
 unsafe extern "system" fn is_stream_aware(_f: *const OrtEpFactory) -> bool {
@@ -413,10 +418,8 @@ unsafe extern "system" fn create_sync_stream(
     _options: *const OrtKeyValuePairs,
     out: *mut *mut OrtSyncStreamImpl,
 ) -> Status {
-    if !out.is_null() {
-        // SAFETY: onnxruntime's out-parameter.
-        unsafe { *out = ptr::null_mut() };
-    }
+    // SAFETY: onnxruntime's out-parameter (null or writable).
+    unsafe { set_out(out, ptr::null_mut()) };
     ptr::null_mut()
 }
 
@@ -1016,37 +1019,28 @@ unsafe fn ep_inputs<'a>(
             out.push(None);
             continue;
         }
-        // SAFETY: `v` is a live input value of this call.
-        let (et, shape) = unsafe { api.value_type_shape(v) }?;
-        let dtype = ONNX_DTYPES
-            .dtype(et)
-            .ok_or_else(|| crate::tensor::unsupported_type(op, i, et))?;
-        if i == 0 {
-            full = shape.clone();
-        }
-        let shape = match plan.flatten_axis {
-            Some(a) if a < shape.len() => {
-                let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Known(d)).collect();
-                flatten_2d_dims(&dims, a)
-                    .iter()
-                    .map(|d| d.known().ok_or_else(|| Error::invalid("tensor too large")))
-                    .collect::<Result<Vec<usize>>>()?
+        let shape = |shape: Vec<usize>| {
+            if i == 0 {
+                full = shape.clone();
             }
-            Some(a) => {
-                return Err(Error::invalid(format!(
+            match plan.flatten_axis {
+                Some(a) if a < shape.len() => {
+                    let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Known(d)).collect();
+                    flatten_2d_dims(&dims, a)
+                        .iter()
+                        .map(|d| d.known().ok_or_else(|| Error::invalid("tensor too large")))
+                        .collect::<Result<Vec<usize>>>()
+                }
+                Some(a) => Err(Error::invalid(format!(
                     "axis {a} out of range for rank {}",
                     shape.len()
-                )))
+                ))),
+                None => Ok(shape),
             }
-            None => shape,
         };
-        // SAFETY: as above.
-        let ptr = unsafe { api.tensor_data(v) }?;
-        // SAFETY: onnxruntime tensors are dense row-major buffers, alive for the compute call;
-        // the 2-D view has the same element count.
-        out.push(Some(unsafe {
-            TensorRef::from_raw_contiguous(dtype, shape, ptr)
-        }));
+        // SAFETY: `v` is a live input value of this call; the 2-D view has the same element
+        // count.
+        out.push(Some(unsafe { input_view(api, op, i, v, shape) }?));
     }
     Ok((out, full))
 }

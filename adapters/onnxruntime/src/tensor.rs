@@ -4,7 +4,7 @@
 use crate::sys::Api;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{DType, DTypeCodes, Error, OpDef, OwnedTensor, Result, TensorMut, TensorRef};
-use ort_sys::{ONNXTensorElementDataType as ET, OrtKernelContext};
+use ort_sys::{ONNXTensorElementDataType as ET, OrtKernelContext, OrtValue};
 
 /// ONNX element types of the polyop dtypes.
 pub const ONNX_DTYPES: DTypeCodes<ET> = DTypeCodes([
@@ -64,20 +64,36 @@ pub(crate) unsafe fn inputs<'a>(
             inputs.push(None);
             continue;
         }
-        // SAFETY: `v` is a live input value of this call.
-        let (et, shape) = unsafe { api.value_type_shape(v) }?;
-        let dtype = ONNX_DTYPES
-            .dtype(et)
-            .ok_or_else(|| unsupported_type(op, i, et))?;
-        // SAFETY: as above.
-        let ptr = unsafe { api.tensor_data(v) }?;
-        // SAFETY: onnxruntime tensors are dense row-major buffers of `shape`, alive for the
-        // compute call.
-        inputs.push(Some(unsafe {
-            TensorRef::from_raw_contiguous(dtype, shape, ptr)
-        }));
+        // SAFETY: `v` is a live input value of this call (this function's contract).
+        inputs.push(Some(unsafe { input_view(api, op, i, v, Ok) }?));
     }
     Ok(inputs)
+}
+
+/// A view of input value `v` (the op's input `i`, for errors), its shape passed through
+/// `shape` first (the provider's 2-D view; `Ok` for the value's own shape).
+///
+/// # Safety
+/// `v` is a live tensor value of the running compute call; the view lives no longer, and
+/// `shape` keeps the element count.
+pub(crate) unsafe fn input_view<'a>(
+    api: Api,
+    op: &OpDef,
+    i: usize,
+    v: *const OrtValue,
+    shape: impl FnOnce(Vec<usize>) -> Result<Vec<usize>>,
+) -> Result<TensorRef<'a>> {
+    // SAFETY: `v` is a live tensor value (this function's contract).
+    let (et, dims) = unsafe { api.value_type_shape(v) }?;
+    let dtype = ONNX_DTYPES
+        .dtype(et)
+        .ok_or_else(|| unsupported_type(op, i, et))?;
+    let dims = shape(dims)?;
+    // SAFETY: as above.
+    let ptr = unsafe { api.tensor_data(v) }?;
+    // SAFETY: onnxruntime tensors are dense row-major buffers, alive for the compute call;
+    // `shape` kept the element count (this function's contract).
+    Ok(unsafe { TensorRef::from_raw_contiguous(dtype, dims, ptr) })
 }
 
 /// Outputs from `KernelContext_GetOutput`; an output the node leaves out gets scratch memory.
