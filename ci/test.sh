@@ -132,10 +132,41 @@ link_caches() {
     echo "build caches: $cache ($(du -sh "$cache" 2>/dev/null | cut -f1))"
 }
 
+# A cold run writes about 30 GB (two venvs ~10, cargo targets ~9, compat installs ~12) on a
+# disk it may share; with the build cache warm, about 16 (the venvs, rebuilt crates, logs).
+# ensure_disk COLD_GB WARM_GB: when the free space is below what this run needs, the build
+# cache (only a cache) is deleted to make room; if there is still too little, the run stops
+# here with the figures instead of failing half-way through a pip install (it did: ENOSPC in
+# set-up, with an 18 GB cache on a disk 7 GB from full). POLYOP_CI_FREE_GB stands in for the
+# measured free space (tests/test_ci.py).
+free_gb() { echo "${POLYOP_CI_FREE_GB:-$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')}"; }
+ensure_disk() {
+    local cold=$1 warm=$2 cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}
+    local free
+    free=$(free_gb)
+    [ "$free" -ge "$cold" ] && return 0
+    if [ "$cache" != none ] && [ -d "$cache" ]; then
+        [ "$free" -ge "$warm" ] && [ -n "$(ls -A "$cache")" ] && return 0
+        echo "disk: ${free} GB free, a cold run needs ~${cold} GB: deleting the build cache $cache"
+        rm -rf "$cache"
+        free=$(free_gb)
+        [ "$free" -ge "$cold" ] && return 0
+    fi
+    echo "disk: only ${free} GB free here ($(df -Ph . | awk 'NR == 2 { print $1 }')), the run needs ~${cold} GB"
+    return 1
+}
+
 main() {
     cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
     ROOT=$PWD
     START=$(date +%s)
+    # CI builds from scratch or from the cache: incremental state and full debug info are
+    # only disk (1.7 GB and most of target/debug's 3 GB of deps) there
+    export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
+    if ! ensure_disk 32 16; then
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
     link_caches
 
     # the first run installs several GB of frameworks and builds everything

@@ -44,3 +44,27 @@ def test_a_hanging_step_fails_with_its_name(tmp_path):
     assert "FAILED: a sleepy step: timed out after 1s" in out, out
     assert "FAILED: pytest test_hang.py: timed out after 5s" in out, out
     assert "0 passed, 2 failed" in out.splitlines(), out
+
+
+def test_low_disk_deletes_the_build_cache_first(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "target").mkdir(parents=True)
+    (cache / "target" / "big").write_text("x")
+    out = _ci(tmp_path, f"POLYOP_CI_CACHE={cache} POLYOP_CI_FREE_GB=3 ensure_disk 32 16 || echo STOPPED")
+    assert "3 GB free, a cold run needs ~32 GB: deleting the build cache" in out, out
+    assert not cache.exists()
+    assert "only 3 GB free here" in out and "STOPPED" in out, out  # the stand-in does not grow
+
+
+def test_too_little_disk_stops_with_the_figures(tmp_path):
+    out = _ci(tmp_path, "POLYOP_CI_CACHE=none POLYOP_CI_FREE_GB=3 ensure_disk 32 16 || echo STOPPED")
+    assert "only 3 GB free here" in out and "needs ~32 GB" in out and "STOPPED" in out, out
+    out = _ci(tmp_path, "POLYOP_CI_CACHE=none POLYOP_CI_FREE_GB=40 ensure_disk 32 16 && echo ROOM")
+    assert "ROOM" in out and "free here" not in out, out
+
+
+def test_a_warm_cache_is_kept_when_a_warm_run_fits(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "target").mkdir(parents=True)
+    out = _ci(tmp_path, f"POLYOP_CI_CACHE={cache} POLYOP_CI_FREE_GB=20 ensure_disk 32 16 && echo ROOM")
+    assert "ROOM" in out and "deleting" not in out and cache.exists(), out

@@ -10,6 +10,7 @@ framework's test file, which runs the same ``target/release`` library the pinned
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -40,10 +41,20 @@ COLUMNS = {
 }
 
 
+def _prune(keep: set[str]) -> None:
+    """Delete installs of versions this file no longer uses (a raised pin leaves its old one,
+    GBs for torch, in a build cache that CI keeps between runs)."""
+    for d in (ROOT / ".cache" / "compat").glob("*-*"):
+        if d.name not in keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _install(pkg: str, version: str) -> Path:
     d = ROOT / ".cache" / "compat" / f"{pkg}-{version}"
     done = d / ".complete"
     if not done.exists():
+        _prune({f"{p}-{v}" for p, v in _pins().items()}
+               | {f"onnxruntime-{ORT_BEFORE_OPTIONAL_FIX}", f"torch-{TORCH_TOO_OLD}"})
         args = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                 "--upgrade", "--target", str(d), f"{pkg}=={version}"]
         if not COLUMNS[pkg][1]:
