@@ -10,6 +10,7 @@ negative control of that check."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -27,6 +28,8 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import polyop.onnxruntime as pox
+
+ROOT = Path(__file__).resolve().parents[1]
 
 EP = "PolyopExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -530,25 +533,17 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 CLAIMABLE = {s["op_type"] for o in pox.load().info["ops"] for s in o["onnx_standard"]}
 
 
-def randomized(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The light models' weights are ConstantOfShape nodes (all one value): replace each by a
-    random initializer of that shape, so the comparison sees real arithmetic."""
-    rng = np.random.default_rng(0)
-    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    keep = []
-    for n in model.graph.node:
-        if n.op_type == "ConstantOfShape" and n.input[0] in consts:
-            shape = [int(s) for s in consts[n.input[0]]]
-            if len(shape) >= 2:
-                v = rng.standard_normal(shape) / math.sqrt(max(1, int(np.prod(shape[1:]))))
-            else:  # biases and normalization statistics: positive, near 1
-                v = rng.uniform(0.5, 1.5, shape)
-            model.graph.initializer.append(numpy_helper.from_array(v.astype(np.float32), n.output[0]))
-        else:
-            keep.append(n)
-    del model.graph.node[:]
-    model.graph.node.extend(keep)
-    return model
+def _bench_models():
+    """bench/ep_models.py: the light models' preparation and the transformer block, shared
+    with the benchmark that times them (one definition of what is measured and tested)."""
+    spec = importlib.util.spec_from_file_location("ep_models", ROOT / "bench" / "ep_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ep_models = _bench_models()
+randomized = ep_models.randomized
 
 
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "resnet50"])
@@ -570,3 +565,18 @@ def test_light_model_matches_the_cpu_provider(name, tmp_path):
     ran = {k: v for k, v in where.items() if k in by_name}
     missing = {k: ran.get(k) for k in claimable if ran.get(k) != EP}
     assert not missing, missing
+
+
+def test_transformer_block_matches_the_cpu_provider(tmp_path):
+    # the benchmark's standard-op transformer block (bench/ep_models.py): RMSNormalization,
+    # Softmax, Gelu and Add on polyop, MatMul/Reshape/Transpose on the CPU provider
+    model, feeds = ep_models.transformer_block(seq=32)
+    m = model.SerializeToString()
+    (got,), where = run(m, feeds, tmp_path)
+    (ref,), _ = run(m, feeds, tmp_path, provider=False)
+    assert np.std(ref) > 0.1
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    ran = {n.name: where.get(n.name) for n in model.graph.node if n.name in where}
+    for name in ["norm1", "norm2", "softmax", "gelu", "residual1", "residual2"]:
+        assert ran.get(name) == EP, (name, ran)
+    assert ran.get("q") == CPU, ran
