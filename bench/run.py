@@ -439,7 +439,8 @@ def plot_roofline(plt, results, outdir: Path, machine: dict) -> str:
     top = max([r.flops / min(r.polyop_s, r.builtin_s) / 1e9 for r in rows] + [peak or 0, 1.0])
     for ai, ops in at.items():
         ax.axvline(ai, color="0.85", lw=0.6, zorder=0)
-        ax.text(ai, top * 1.6, ", ".join(dict.fromkeys(ops)), rotation=90, fontsize=7, ha="center", va="bottom")
+        names = [o + (f" x{ops.count(o)}" if ops.count(o) > 1 else "") for o in dict.fromkeys(ops)]
+        ax.text(ai, top * 1.6, ", ".join(names), rotation=90, fontsize=7, ha="center", va="bottom")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylim(top=top * 12)
