@@ -51,13 +51,16 @@ def work_of(op: str, inputs: list, attrs: dict) -> tuple[float, float]:
     x = inputs[0]
     ins = sum(a.nbytes for a in inputs if a is not None)
     if op == "conv2d":
-        nb, c, h, w = x.shape
-        o, _, kh, kw = inputs[1].shape
-        s, p = attrs.get("stride", 1), attrs.get("padding", 0)
-        s = s[0] if isinstance(s, (list, tuple)) else s
-        p = p[0] if isinstance(p, (list, tuple)) else p
-        oh, ow = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
-        return float(ins + nb * o * oh * ow * x.itemsize), 2.0 * nb * o * oh * ow * c * kh * kw
+        nb, _, h, w = x.shape
+        o, cg, kh, kw = inputs[1].shape  # cg: input channels per group
+
+        def pair(v):
+            return tuple(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else (v, v)
+
+        (sh, sw), (ph, pw), (dh, dw) = (pair(attrs.get(k, d)) for k, d in [("stride", 1), ("padding", 0), ("dilation", 1)])
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        return float(ins + nb * o * oh * ow * x.itemsize), 2.0 * nb * o * oh * ow * cg * kh * kw
     out = 0 if op in ("topk", "nonzero") else x.nbytes  # the rest: one output shaped as x
     per = 9 if op == "gelu" and attrs.get("approximate") == "tanh" else FLOPS_PER_ELEM.get(op, 1)
     return float(ins + out), float(per * x.size)

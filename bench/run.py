@@ -174,7 +174,7 @@ def roofs(machine: dict) -> tuple[float, str, float | None, str]:
         copies.append((machine["copy_gbps_threads"], "torch `copy_` on its intra-op threads"))
     bw, bw_how = max(copies)
     peaks = [(v, f"torch.mm, {n} thread{'s' if n > 1 else ''}") for n, v in machine.get("peak_gflops_by_threads", {}).items()]
-    peak, peak_how = max(peaks) if peaks else (None, "not measured (no torch in the harness's Python)")
+    peak, peak_how = max(peaks) if peaks else (None, "not measured (it needs torch in the harness's Python; results saved before the roofline lack it)")
     return bw, bw_how, peak, peak_how
 
 
@@ -514,6 +514,12 @@ def main() -> int:
             if m.get("copy_gbps", 0.0) >= machine.get("copy_gbps", 0.0):
                 machine = {**machine, **m}
             size = d["size"]
+        if any(not r.bytes for r in results + scaling):  # saved before Workload.bytes/.flops
+            known = {(w.op, w.kind, w.label): w for w in make_workloads(size)}
+            for r in results + scaling:
+                w = known.get((r.op, r.kind, r.label))
+                if w and not r.bytes:
+                    r.bytes, r.flops = w.bytes, w.flops
     else:
         frameworks = args.frameworks.split(",")
         machine = measure_machine()
