@@ -25,9 +25,53 @@ SIZES = {
 OPS = ["negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_norm", "topk", "conv2d", "nonzero"]
 
 
+# Nominal FLOPs per element of the op's (first) input, for the roofline's arithmetic intensity:
+# every arithmetic operation, comparison and elementary function (exp, erf, tanh, rsqrt) of the
+# op's mathematical definition counts one, whatever a kernel spends on it (a polynomial exp is
+# ~15 instructions). conv2d counts 2 per multiply-add (see `work_of`).
+FLOPS_PER_ELEM = {
+    "negate": 1,  # -x
+    "add": 1,  # x + y
+    "scale": 1,  # alpha * x
+    "relu": 1,  # max(x, 0)
+    "add_relu": 2,  # max(x + y, 0)
+    "gelu": 5,  # exact: 0.5 * x * (1 + erf(x / sqrt 2)); tanh form: 9, see work_of
+    "softmax": 5,  # max, x - max, exp, sum, * 1/sum
+    "rms_norm": 4,  # x * x, sum, * rsqrt(mean + eps), * w
+    "topk": 1,  # one comparison per element
+    "nonzero": 1,  # one comparison per element
+}
+
+
+def work_of(op: str, inputs: list, attrs: dict) -> tuple[float, float]:
+    """(bytes, FLOPs) of one call: bytes = the least memory traffic (every input read once, every
+    output written once, at the inputs' dtype); FLOPs as in FLOPS_PER_ELEM. Used where a workload
+    does not state them. topk's and nonzero's outputs are left out (k values per row; the
+    indices depend on the data)."""
+    x = inputs[0]
+    ins = sum(a.nbytes for a in inputs if a is not None)
+    if op == "conv2d":
+        nb, _, h, w = x.shape
+        o, cg, kh, kw = inputs[1].shape  # cg: input channels per group
+
+        def pair(v):
+            return tuple(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else (v, v)
+
+        (sh, sw), (ph, pw), (dh, dw) = (pair(attrs.get(k, d)) for k, d in [("stride", 1), ("padding", 0), ("dilation", 1)])
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        return float(ins + nb * o * oh * ow * x.itemsize), 2.0 * nb * o * oh * ow * cg * kh * kw
+    out = 0 if op in ("topk", "nonzero") else x.nbytes  # the rest: one output shaped as x
+    per = 9 if op == "gelu" and attrs.get("approximate") == "tanh" else FLOPS_PER_ELEM.get(op, 1)
+    return float(ins + out), float(per * x.size)
+
+
 @dataclasses.dataclass
 class Workload:
-    """One op on one input set. `work` is bytes moved (memory-bound ops) or FLOPs (conv2d)."""
+    """One op on one input set. `work` is what its rate is quoted in: bytes moved (memory-bound
+    ops) or FLOPs (conv2d). `bytes` and `flops` are both, for the roofline (percent of the
+    measured copy bandwidth or peak, arithmetic intensity); `work_of` fills the ones not given
+    (`bytes` is `work` for a GB/s workload, `flops` is `work` for a GFLOP/s one)."""
 
     op: str
     kind: str  # "overhead" | "throughput" | "sweep"
@@ -36,6 +80,15 @@ class Workload:
     attrs: dict
     work: float
     unit: str  # "GB/s" | "GFLOP/s" | "us"
+    bytes: float | None = None
+    flops: float | None = None
+
+    def __post_init__(self):
+        b, f = work_of(self.op, self.inputs, self.attrs)
+        if self.bytes is None:
+            self.bytes = self.work if self.unit == "GB/s" else b
+        if self.flops is None:
+            self.flops = self.work if self.unit == "GFLOP/s" else f
 
 
 @dataclasses.dataclass
@@ -50,6 +103,9 @@ class Result:
     unit: str
     work: float
     extra: dict = dataclasses.field(default_factory=dict)  # e.g. torch custom_op timing
+    bytes: float = 0.0  # the workload's (Workload.bytes, .flops), for the roofline
+    flops: float = 0.0
+    threads: int | None = None  # the thread count set for the run (None: the framework's default)
 
     @property
     def ratio(self) -> float:
@@ -170,6 +226,62 @@ def measure(
     finally:
         gc.enable()
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+# The matmul of the peak-FLOP/s measurement: n x n float32, best of `repeats` calls.
+MATMUL = {"n": 256, "repeats": 3} if SMOKE else {"n": 2048, "repeats": 10}
+
+
+def matmul_peak(torch, n: int, repeats: int) -> float:
+    """Best GFLOP/s of an n x n float32 matmul through torch's BLAS (`torch.mm`) on torch's
+    current thread count: the best of `repeats` single calls (the machine's peak is the best it
+    reached, not the typical), each counted as 2 n^3 FLOPs."""
+    import time
+
+    a, b = torch.rand(n, n), torch.rand(n, n)
+    c = torch.empty(n, n)
+    for _ in range(2):
+        torch.mm(a, b, out=c)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best / 1e9
+
+
+def machine_limits(threads: list[int]) -> dict:
+    """The machine's measured limits, the roofs of docs/benchmarks.md: `copy_gbps`, NumPy's
+    single-threaded copy; with torch, for each thread count in `threads` (torch.set_num_threads),
+    `copy_gbps_by_threads` (torch `copy_` of 64 MiB, read + write counted, median of 7) and
+    `peak_gflops_by_threads` (`matmul_peak`); and `copy_gbps_threads`, torch `copy_` on torch's
+    default thread count, as before."""
+    out: dict = {"copy_gbps": copy_bandwidth()}
+    try:
+        import torch
+    except ImportError:  # the roofs of the report then say "not measured"
+        return out
+    default = torch.get_num_threads()
+    out["copy_gbps_threads"] = torch_copy_bandwidth(torch)
+    out["default_threads"] = default
+    out["blas"] = "MKL" if torch.backends.mkl.is_available() else "torch's BLAS"
+    out["matmul"] = MATMUL
+    copy, peak = {}, {}
+    for n in threads:
+        torch.set_num_threads(n)
+        copy[n] = torch_copy_bandwidth(torch)
+        peak[n] = matmul_peak(torch, **MATMUL)
+    torch.set_num_threads(default)
+    out["copy_gbps_by_threads"], out["peak_gflops_by_threads"] = copy, peak
+    return out
+
+
+def torch_copy_bandwidth(torch, nbytes: int = 1 << 26) -> float:
+    """torch `copy_` bandwidth in GB/s on torch's current thread count (read + write counted)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    t = measure({"copy": lambda: dst.copy_(src)}, min_time=0.5)["copy"]
+    return 2.0 * nbytes / t / 1e9
 
 
 def copy_bandwidth(nbytes: int = 1 << 26) -> float:

@@ -49,6 +49,19 @@ def run(workloads: list[Workload]) -> list[Result]:
     return results
 
 
+def set_threads(n: int) -> str:
+    """XLA:CPU sizes its intra-op pool (threads named tf_XLAEigen) from the NPROC environment
+    variable when it is set (else from the CPUs the process may run on) when the CPU client
+    starts; bench/run.py sets NPROC in this process's environment. polyop's XLA kernels run on
+    that pool (adapters/xla/src/pool.rs: `XLA_FFI_ThreadPool_Schedule`). Nothing to do here but
+    check: start the client and count the pool's threads."""
+    import os
+
+    jax.block_until_ready(jnp.zeros(1) + 1)
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return f"NPROC={os.environ.get('NPROC')} in the environment ({names.count('tf_XLAEigen')} tf_XLAEigen threads)"
+
+
 def versions() -> dict:
     import jaxlib
 

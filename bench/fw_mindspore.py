@@ -68,6 +68,15 @@ def _custom(op: str, attrs: dict):
     return ops.Custom(f, out_shape=first, out_dtype=first, func_type="pyfunc")
 
 
+def set_threads(n: int) -> str:
+    """Thread count n for MindSpore's CPU kernels (`device_context.cpu.op_tuning.threads_num`,
+    once, before the first op). polyop's MindSpore kernels run on kernel-core's rayon pool
+    (the AOT ABI offers no pool), sized by RAYON_NUM_THREADS, which bench/run.py sets in this
+    process's environment."""
+    ms.device_context.cpu.op_tuning.threads_num(n)
+    return f"mindspore.device_context.cpu.op_tuning.threads_num({n})"
+
+
 def run(workloads: list[Workload]) -> list[Result]:
     ms.set_context(mode=ms.PYNATIVE_MODE)
     if BLOCKING:

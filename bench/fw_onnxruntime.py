@@ -76,10 +76,22 @@ def builtin_model(w: Workload):
     return _model(nodes, ins, [helper.make_empty_tensor_value_info(o) for o in outs], inits), what
 
 
+THREADS = 0  # SessionOptions.intra_op_num_threads of both sessions; 0 is ORT's default
+
+
+def set_threads(n: int) -> str:
+    """Thread count n for both sessions' intra-op pools: polyop's kernels run on the session's
+    pool (adapters/onnxruntime/src/pool.rs: `KernelContext_ParallelFor`)."""
+    global THREADS
+    THREADS = n
+    return f"SessionOptions.intra_op_num_threads = {n}, both sessions"
+
+
 def run(workloads: list[Workload]) -> list[Result]:
     so = ort.SessionOptions()
     so.register_custom_ops_library(polyop.library_path("onnxruntime"))
     plain = ort.SessionOptions()
+    so.intra_op_num_threads = plain.intra_op_num_threads = THREADS
     results = []
     for w in workloads:
         feeds = {f"i{j}": x for j, x in enumerate(w.inputs) if x is not None}

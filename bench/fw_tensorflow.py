@@ -64,6 +64,16 @@ def run(workloads: list[Workload]) -> list[Result]:
     return results
 
 
+def set_threads(n: int) -> str:
+    """Thread count n for TF's intra- and inter-op pools, set before the first op runs. polyop's
+    TF kernels run on kernel-core's rayon pool (TF's C API exposes no pool), sized by
+    RAYON_NUM_THREADS, which bench/run.py sets in this process's environment."""
+    tf.config.threading.set_intra_op_parallelism_threads(n)
+    tf.config.threading.set_inter_op_parallelism_threads(n)
+    got = (tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads())
+    return f"tf.config.threading.set_intra/inter_op_parallelism_threads({n}) (get: {got[0]}/{got[1]})"
+
+
 def versions() -> dict:
     return {"tensorflow": tf.__version__}
 

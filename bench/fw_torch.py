@@ -100,12 +100,11 @@ def run(workloads: list[Workload]) -> list[Result]:
     return results
 
 
-def copy_bandwidth_threads(nbytes: int = 1 << 26) -> float:
-    """Copy bandwidth with torch's intra-op threads (read + write counted)."""
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    t = measure({"copy": lambda: dst.copy_(src)}, min_time=0.5)["copy"]
-    return 2.0 * nbytes / t / 1e9
+def set_threads(n: int) -> str:
+    """Thread count n for torch's intra-op pool, which polyop's torch kernels run on too
+    (adapters/torch/src/pool.rs: `torch_parallel_for`)."""
+    torch.set_num_threads(n)
+    return f"torch.set_num_threads({n}) (torch.get_num_threads() = {torch.get_num_threads()})"
 
 
 def versions() -> dict:

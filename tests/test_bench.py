@@ -39,7 +39,41 @@ def test_bench_smoke_covers_every_op_and_framework(tmp_path):
         for r in rows:
             if "| overhead |" in r and r.split("|")[1].strip() in custom:
                 assert re.search(r"\d+\.\d+ us \| \d+\.\d+ \|$", r), (fw, r)
-    for png in ["bench_ratios.png", "bench_sweep.png"]:
+    # The roofs: measured copy bandwidth and peak FLOP/s, each with its reference.
+    assert re.search(r"Memory-copy bandwidth .* \*\*Reference: \d+\.\d GB/s\*\*", text), text[:3000]
+    assert re.search(r"Peak float32 FLOP/s: .*torch\.mm.* \*\*Reference: \d+\.\d GFLOP/s\*\*", text), text[:3000]
+    # The roofline: every throughput workload, polyop % / built-in % of its roof per framework.
+    section = text.split("## Roofline\n", 1)[1].split("\n## ", 1)[0]
+    head = next(r for r in section.splitlines() if r.startswith("| op |"))
+    fws = [c.strip() for c in head.split("|")[7:-1]]
+    assert fws == ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"], head
+    rows = [r.split("|")[1:-1] for r in section.splitlines() if r.startswith("| ") and not r.startswith("| op ")]
+    assert {r[0].strip() for r in rows} == OPS, rows
+    for r in rows:
+        assert float(r[2]) > 0 and float(r[3]) > 0 and float(r[4]) > 0, r  # MB, MFLOP, FLOP/byte
+        assert r[5].strip().startswith("peak " if r[0].strip() == "conv2d" else "copy "), r
+        for fw, cell in zip(fws, r[6:]):
+            if fw == "jax" and r[0].strip() == "nonzero":
+                assert cell.strip() == "", r
+            else:
+                assert re.fullmatch(r" \d+% / \d+% ", cell), (fw, r)
+    # Thread scaling: every framework's float32 throughput workloads at 1 and 2 threads.
+    section = text.split("## Thread scaling (1 to 2 threads)\n", 1)[1].split("\n## ", 1)[0]
+    rows = [r.split("|")[1:-1] for r in section.splitlines() if r.startswith("| ") and not r.startswith("| framework ")]
+    settings = {r[0].strip(): r for r in rows if len(r) == 4}
+    assert set(settings) == {"torch", "tensorflow", "onnxruntime", "jax", "mindspore"}, section
+    for fw, r in settings.items():  # each child reported the count it set, at 1 and at 2
+        assert "1: " in r[3] and "2: " in r[3], r
+    scaled = [r for r in rows if len(r) == 9]
+    for fw in ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"]:
+        ops = {r[1].strip() for r in scaled if r[0].strip() == fw}
+        assert ops == (OPS - {"nonzero"} if fw == "jax" else OPS), (fw, ops)
+    for r in scaled:
+        for cell in r[3:5] + r[6:8]:
+            assert re.fullmatch(r" \d+\.\d\d (GB|GFLOP)/s ", cell), r
+        for cell in (r[5], r[8]):
+            assert re.fullmatch(r" \d+\.\d\dx ", cell), r
+    for png in ["bench_ratios.png", "bench_sweep.png", "bench_roofline.png"]:
         data = (tmp_path / "img" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
 
