@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from common import OPS, Result, make_workloads  # noqa: E402
 
-KINDS = {"overhead", "throughput", "sweep"}
+KINDS = {"overhead", "throughput", "sweep", "models"}  # models: bench/ep_models.py (ONNX Runtime only)
 FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"]
 MODULE = {"torch": "fw_torch", "tensorflow": "fw_tensorflow", "onnxruntime": "fw_onnxruntime", "jax": "fw_jax", "mindspore": "fw_mindspore"}
 # The column next to the built-in on the overhead rows: the framework's own custom-op path.
@@ -257,6 +257,10 @@ def write_markdown(results, scaling, versions, extra, machine, size, path: Path,
         lines.append("")
     lines += roofline_section(results, machine)
     lines += scaling_section(scaling, machine, extra)
+    if extra.get("ep_models"):
+        import ep_models  # (imports onnxruntime: only when there is its section to write)
+
+        lines += [ep_models.markdown(extra["ep_models"])]
     analysis = HERE / "analysis.md"  # hand-written reading of the numbers, kept across re-runs
     if analysis.exists():
         lines += [analysis.read_text()]
@@ -455,6 +459,18 @@ def plot_roofline(plt, results, outdir: Path, machine: dict) -> str:
     return "img/bench_roofline.png"
 
 
+def run_ep_models(size: str, smoke: bool, failures: dict) -> list[dict]:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "ep_models.json"
+        flag = ["--smoke"] if smoke else ["--quick"] if size == "quick" else []
+        proc = subprocess.run([sys.executable, str(HERE / "ep_models.py"), *flag, "--json", str(out)],
+                              stdout=subprocess.DEVNULL)
+        if proc.returncode != 0 or not out.exists():
+            failures["onnxruntime models"] = f"bench/ep_models.py exit {proc.returncode}"
+            return []
+        return json.loads(out.read_text())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes for all frameworks)")
@@ -535,6 +551,9 @@ def main() -> int:
                 for fw, why in ext["failures"].items():
                     extra["failures"][f"{fw} at {n} thread{'s' if n > 1 else ''}"] = why
         extra.pop("thread_settings", None)
+        if "onnxruntime" in frameworks and not ops and (kinds is None or "models" in kinds):
+            # whole models with and without polyop's execution provider, in their own process
+            extra["ep_models"] = run_ep_models(size, args.smoke, extra["failures"])
     if args.save:
         Path(args.save).parent.mkdir(parents=True, exist_ok=True)
         Path(args.save).write_text(

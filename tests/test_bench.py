@@ -23,6 +23,13 @@ def test_bench_smoke_covers_every_op_and_framework(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
+    # whole models with and without the ONNX Runtime execution provider (bench/ep_models.py)
+    models = text.split("## ONNX Runtime execution provider: whole models\n", 1)[1].split("\n## ", 1)[0]
+    row = next(r for r in models.splitlines() if r.startswith("| squeezenet |"))
+    claimed, claimable = (int(v) for v in row.split("|")[2].split("/"))
+    assert claimed == claimable > 0, row
+    assert math.isfinite(float(row.split("|")[5])) and float(row.split("|")[5]) > 0, row
+    assert any(r.startswith("| transformer block") for r in models.splitlines()), models
     for fw in ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"]:
         section = text.split(f"## {fw}\n", 1)[1].split("\n## ", 1)[0]
         rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| op ")]
