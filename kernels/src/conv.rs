@@ -779,16 +779,19 @@ fn f32_pos_block(ckk: usize) -> usize {
 }
 
 /// One tile of the f32 path: for rows `r < mr` and columns `j < n`,
-/// `c[r * ldc + j] = fma(a[(k-1) * MR + r], b[(k-1) * ldb + j], ... fma(a[r], b[j], bias[r]))`:
-/// every output is one chain of fused multiply-adds over `l = 0..k` in order, starting at its
-/// bias, whatever the tile, the block or the thread — and the same chain at every SIMD level
-/// (the AVX2 `vfmadd` and `f32::mul_add` are both the correctly rounded fusedMultiplyAdd).
-/// `a` is an `MR`-row panel packed `[k][MR]`, `b` a `k x n` panel with row stride `ldb`.
+/// `c[r * ldc + j] = fma(a[(k-1) * MR + r], b[(k-1) * ldb + j], ... fma(a[r], b[j], s))`
+/// with `s = bias[r]` when `first`, else the value `c[r * ldc + j]` holds (a previous tile's
+/// result over the preceding kernel rows): every output is one chain of fused multiply-adds
+/// over all its kernel rows in order, starting at its bias, whatever the tiles, the blocks or
+/// the thread — and the same chain at every SIMD level (the AVX2 `vfmadd` and `f32::mul_add`
+/// are both the correctly rounded fusedMultiplyAdd). `a` is an `MR`-row panel packed
+/// `[k][MR]`, `b` a `k x n` panel with row stride `ldb`.
 ///
 /// # Safety
 /// `a` must be valid for `k * MR` reads, `bias` for `MR`, `b` for reads of `b[l * ldb + j]`
-/// (`l < k`, `j < n`), `c` for writes of `c[r * ldc + j]` (`r < mr`, `j < n`) that no other
-/// thread touches and that overlap no input; `mr <= MR`, `n <= NR`.
+/// (`l < k`, `j < n`), `c` for reads (unless `first`) and writes of `c[r * ldc + j]`
+/// (`r < mr`, `j < n`) that no other thread touches and that overlap no input; `mr <= MR`,
+/// `n <= NR`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn tile_f32(
@@ -799,6 +802,7 @@ unsafe fn tile_f32(
     c: *mut f32,
     ldc: usize,
     bias: *const f32,
+    first: bool,
     mr: usize,
     n: usize,
 ) {
@@ -808,17 +812,22 @@ unsafe fn tile_f32(
         // the caller's, the same as this function's.
         unsafe {
             if n == NR {
-                tile_avx2::<true>(k, a, b, ldb, c, ldc, bias, mr, n)
+                tile_avx2::<true>(k, a, b, ldb, c, ldc, bias, first, mr, n)
             } else {
-                tile_avx2::<false>(k, a, b, ldb, c, ldc, bias, mr, n)
+                tile_avx2::<false>(k, a, b, ldb, c, ldc, bias, first, mr, n)
             }
         }
         return;
     }
     let mut acc = [[0f32; NR]; MR];
     for (r, row) in acc.iter_mut().enumerate() {
-        // SAFETY: r < MR, inside `bias` (caller's contract).
-        *row = [unsafe { *bias.add(r) }; NR];
+        if first {
+            // SAFETY: r < MR, inside `bias` (caller's contract).
+            *row = [unsafe { *bias.add(r) }; NR];
+        } else if r < mr {
+            // SAFETY: r < mr, n elements of row r of `c`, readable (caller's contract).
+            unsafe { std::ptr::copy_nonoverlapping(c.add(r * ldc), row.as_mut_ptr(), n) };
+        }
     }
     for l in 0..k {
         for (r, row) in acc.iter_mut().enumerate() {
@@ -853,6 +862,7 @@ unsafe fn tile_avx2<const FULL: bool>(
     c: *mut f32,
     ldc: usize,
     bias: *const f32,
+    first: bool,
     mr: usize,
     n: usize,
 ) {
@@ -880,10 +890,25 @@ unsafe fn tile_avx2<const FULL: bool>(
     );
     let mut acc = [_mm256_setzero_ps(); 2 * MR];
     for r in 0..MR {
-        // SAFETY: r < MR, inside `bias` (caller's contract).
-        let v = _mm256_set1_ps(unsafe { *bias.add(r) });
-        acc[2 * r] = v;
-        acc[2 * r + 1] = v;
+        if first {
+            // SAFETY: r < MR, inside `bias` (caller's contract).
+            let v = _mm256_set1_ps(unsafe { *bias.add(r) });
+            acc[2 * r] = v;
+            acc[2 * r + 1] = v;
+        } else if r < mr {
+            // SAFETY: r < mr: row r of `c`, NR (FULL) or, through the masks, n readable
+            // elements (caller's contract).
+            unsafe {
+                let cp = c.add(r * ldc);
+                if FULL {
+                    acc[2 * r] = _mm256_loadu_ps(cp);
+                    acc[2 * r + 1] = _mm256_loadu_ps(cp.add(8));
+                } else {
+                    acc[2 * r] = _mm256_maskload_ps(cp, m0);
+                    acc[2 * r + 1] = _mm256_maskload_ps(cp.add(8), m1);
+                }
+            }
+        }
     }
     let (mut ap, mut bp) = (a, b);
     for _ in 0..k {
@@ -982,6 +1007,9 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     };
     let pb = f32_pos_block(ckk);
     let blocks = pos.div_ceil(pb);
+    // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
+    // KiB) stays in L1 while every output-channel panel uses it
+    let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
     parallel_for(pool, g.n * g.g * blocks, 1, |range| {
         let mut col = vec![0f32; ckk * pb];
         for t in range {
@@ -989,31 +1017,38 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
             let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
             let width = p1 - p0;
             g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, pb);
-            for j0 in (0..width).step_by(NR) {
-                let n = NR.min(width - j0);
-                for pi in 0..panels {
-                    let oc0 = grp * og + pi * MR;
-                    let mr = MR.min(og - pi * MR);
-                    // SAFETY: `col` holds ckk rows of stride pb, columns j0..j0 + n < width
-                    // <= pb just filled; the packed panel grp * panels + pi has ckk * MR
-                    // elements and its bias MR, inside `wp` / `bp`; the destination rows
-                    // oc0..oc0 + mr (< o: the group's channels) at positions p0 + j0.. (+ n
-                    // <= pos) of image img lie inside the n * o * pos output (checked
-                    // above), and only task t writes that block of image img, group grp,
-                    // positions p0..p1; the output is neither the input nor a task buffer.
-                    unsafe {
-                        tile_f32(
-                            ckk,
-                            wp.as_ptr().add((grp * panels + pi) * ckk * MR),
-                            col.as_ptr().add(j0),
-                            pb,
-                            op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
-                            pos,
-                            bp.as_ptr().add((grp * panels + pi) * MR),
-                            mr,
-                            n,
-                        )
-                    };
+            for l0 in (0..ckk).step_by(kc) {
+                let k = kc.min(ckk - l0);
+                for j0 in (0..width).step_by(NR) {
+                    let n = NR.min(width - j0);
+                    for pi in 0..panels {
+                        let oc0 = grp * og + pi * MR;
+                        let mr = MR.min(og - pi * MR);
+                        // SAFETY: `col` holds ckk rows of stride pb, of which rows l0..l0 + k
+                        // (<= ckk), columns j0..j0 + n (<= width <= pb) are read, just filled;
+                        // the packed panel grp * panels + pi has ckk * MR elements, rows l0..
+                        // l0 + k of it are read, and its bias MR, inside `wp` / `bp`; the
+                        // destination rows oc0..oc0 + mr (< o: the group's channels) at
+                        // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
+                        // pos output (checked above), and only task t touches that block of
+                        // image img, group grp, positions p0..p1 (written by the l0 == 0 tile
+                        // before later ones read it); the output is neither the input nor a
+                        // task buffer.
+                        unsafe {
+                            tile_f32(
+                                k,
+                                wp.as_ptr().add(((grp * panels + pi) * ckk + l0) * MR),
+                                col.as_ptr().add(l0 * pb + j0),
+                                pb,
+                                op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
+                                pos,
+                                bp.as_ptr().add((grp * panels + pi) * MR),
+                                l0 == 0,
+                                mr,
+                                n,
+                            )
+                        };
+                    }
                 }
             }
         }
