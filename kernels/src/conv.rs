@@ -1014,7 +1014,7 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     // the block's row stride: an odd number of cache lines, so that the rows a tile reads
     // (one line each) spread over every L1 set (a stride of 1024 floats put all of them in
     // one set: a 7x7 depthwise convolution ran 1.5x slower than with `gemm`)
-    let ld = pb + if (pb / NR) % 2 == 0 { NR } else { 0 };
+    let ld = pb + if (pb / NR).is_multiple_of(2) { NR } else { 0 };
     // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
     // KiB) stays in L1 while every output-channel panel uses it
     let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
