@@ -1,11 +1,15 @@
 //! conv2d (NCHW input, `[O, C/groups, KH, KW]` weight, zero padding per side, per-axis stride
-//! and dilation, grouped and depthwise) and its backward, through im2col + `gemm`, one GEMM
-//! per group.
+//! and dilation, grouped and depthwise) and its backward.
 //!
-//! Half types are converted to f32 first (one rounding at the end). Work is split into fixed
-//! tasks whose boundaries depend only on the problem size (forward: batch x group x blocks of
-//! output positions; weight gradient: group x blocks of im2col rows, summing the batch in
-//! order; input gradient: batch x input channel), and every `gemm` call runs with
+//! Forward in f32, f16 and bf16 (half types are converted to f32 first and rounded once at the
+//! end): im2col of an L2-sized block of output positions, multiplied by the weights packed
+//! once into 6-row panels with an AVX2+FMA 6x16 micro-kernel of our own ([`tile_f32`]); each
+//! output is one chain of fused multiply-adds from its bias over its kernel rows in order, so
+//! results depend on nothing but the inputs (tiling, thread count, SIMD level). Tasks are
+//! (image, group, position block). Forward in f64 and the backward: im2col + `gemm`, one GEMM
+//! per group, in fixed tasks whose boundaries depend only on the problem size (forward: batch
+//! x group x blocks of output positions; weight gradient: group x blocks of im2col rows,
+//! summing the batch in order; input gradient: batch x input channel), every `gemm` call with
 //! `Parallelism::None`, so results do not depend on the thread count.
 
 use crate::common::{in_ptr, simd_level, with_float, Num, OutPtr, Real, Scalar, SimdLevel};
