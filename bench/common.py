@@ -18,8 +18,8 @@ import numpy as np
 
 # Input sizes. "quick" keeps CI's smoke run to seconds; "full" is what docs/benchmarks.md reports.
 SIZES = {
-    "quick": dict(tiny=8, big=1 << 16, rows=64, row_len=1024, long=(4, 1 << 14), conv=(1, 16, 28, 28, 16), sweep=[1 << 10, 1 << 14, 1 << 16]),
-    "full": dict(tiny=8, big=1 << 24, rows=16384, row_len=1024, long=(64, 1 << 16), conv=(1, 64, 56, 56, 64), sweep=[1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]),
+    "quick": dict(tiny=8, big=1 << 16, rows=64, row_len=1024, long=(4, 1 << 14), conv=(1, 16, 28, 28, 16), conv_batch=1, sweep=[1 << 10, 1 << 14, 1 << 16]),
+    "full": dict(tiny=8, big=1 << 24, rows=16384, row_len=1024, long=(64, 1 << 16), conv=(1, 64, 56, 56, 64), conv_batch=8, sweep=[1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24]),
 }
 
 OPS = ["negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_norm", "topk", "conv2d", "nonzero"]
@@ -171,6 +171,15 @@ def _all_workloads(size: str) -> list[Workload]:
     bi = rng.standard_normal(o).astype(f32)
     flops = 2.0 * nb * o * h * ww * c * 9
     w.append(Workload("conv2d", "throughput", f"{nb}x{c}x{h}x{ww} 3x3 -> {o}", [xi, wi, bi], {"stride": 1, "padding": 1}, flops, "GFLOP/s"))
+    # ResNet-50 stage-1 layers (issue 18): the 3x3 and the two 1x1 convolutions of a
+    # bottleneck block, batch 8 (1 for --quick).
+    nb = s["conv_batch"]
+    for c, o, k in [(64, 64, 3), (256, 64, 1), (64, 256, 1)]:
+        xi = rng.standard_normal((nb, c, 56, 56)).astype(f32)
+        wi = (rng.standard_normal((o, c, k, k)) * 0.1).astype(f32)
+        bi = rng.standard_normal(o).astype(f32)
+        flops = 2.0 * nb * o * 56 * 56 * c * k * k
+        w.append(Workload("conv2d", "throughput", f"{nb}x{c}x56x56 {k}x{k} -> {o}", [xi, wi, bi], {"stride": 1, "padding": k // 2}, flops, "GFLOP/s"))
     # Size sweep for the throughput-vs-size plot.
     for n in s["sweep"]:
         w.append(ew("add", n, "sweep", str(n), nin=2))

@@ -1,21 +1,26 @@
 //! conv2d (NCHW input, `[O, C/groups, KH, KW]` weight, zero padding per side, per-axis stride
-//! and dilation, grouped and depthwise) and its backward, through im2col + `gemm`, one GEMM
-//! per group.
+//! and dilation, grouped and depthwise) and its backward.
 //!
-//! Half types are converted to f32 first (one rounding at the end). Work is split into fixed
-//! tasks whose boundaries depend only on the problem size (forward: batch x group x blocks of
-//! output positions; weight gradient: group x blocks of im2col rows, summing the batch in
-//! order; input gradient: batch x input channel), and every `gemm` call runs with
+//! Forward in f32, f16 and bf16 (half types are converted to f32 first and rounded once at the
+//! end): im2col of an L2-sized block of output positions, multiplied by the weights packed
+//! once into 6-row panels with an AVX2+FMA 6x16 micro-kernel of our own ([`tile_f32`]); each
+//! output is one chain of fused multiply-adds from its bias over its kernel rows in order, so
+//! results depend on nothing but the inputs (tiling, thread count, SIMD level). Tasks are
+//! (image, group, position block). Forward in f64 and the backward: im2col + `gemm`, one GEMM
+//! per group, in fixed tasks whose boundaries depend only on the problem size (forward: batch
+//! x group x blocks of output positions; weight gradient: group x blocks of im2col rows,
+//! summing the batch in order; input gradient: batch x input channel), every `gemm` call with
 //! `Parallelism::None`, so results do not depend on the thread count.
 
-use crate::common::{in_ptr, with_float, Num, OutPtr, Real, Scalar};
+use crate::common::{in_ptr, simd_level, with_float, Num, OutPtr, Real, Scalar, SimdLevel};
 use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
+use half::{bf16, f16};
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel_for, ArgType, AttrValue, Attrs, BwdInput, Dim, Error, Factor, InferCtx, KernelCtx,
-    OnnxNode, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardCtx, ShardingRule, TensorRef,
-    TensorSpec,
+    parallel_for, ArgType, AttrValue, Attrs, BwdInput, DType, Dim, Error, Factor, InferCtx,
+    KernelCtx, OnnxNode, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardCtx, ShardingRule,
+    TensorRef, TensorSpec,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -546,8 +551,9 @@ impl Geom {
             .filter(|&i| i < self.w)
     }
 
-    /// Fill `col` (`rows.len() x (p1 - p0)`, row-major) with im2col rows `rows` (of group
-    /// `grp`'s `ckk()`) of image `img` for output positions `p0..p1`.
+    /// Fill `col` (`rows.len()` rows of `p1 - p0` values, row `i` starting at `i * ld`) with
+    /// im2col rows `rows` (of group `grp`'s `ckk()`) of image `img` for output positions
+    /// `p0..p1`. Elements between a row's end and the next row's start are left alone.
     #[allow(clippy::too_many_arguments)]
     fn im2col<C: Num>(
         &self,
@@ -558,6 +564,7 @@ impl Geom {
         p0: usize,
         p1: usize,
         col: &mut [C],
+        ld: usize,
     ) {
         let width = p1 - p0;
         let kk = self.kh * self.kw;
@@ -566,7 +573,7 @@ impl Geom {
         for (ri, r) in rows.enumerate() {
             let (ch, ki, kj) = (grp * self.cg() + r / kk, (r % kk) / self.kw, r % self.kw);
             let src = &x[(img * self.c + ch) * plane..(img * self.c + ch + 1) * plane];
-            let dst = &mut col[ri * width..(ri + 1) * width];
+            let dst = &mut col[ri * ld..ri * ld + width];
             // output columns whose input column ow * s + kj * dw - pad is inside [0, w)
             let off = kj * self.dw;
             let ow_lo = if off >= pad {
@@ -714,7 +721,16 @@ where
             let (img, grp, b) = (t / (g.g * blocks), (t / blocks) % g.g, t % blocks);
             let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
             let width = p1 - p0;
-            g.im2col(&xc, img, grp, 0..ckk, p0, p1, &mut col[..ckk * width]);
+            g.im2col(
+                &xc,
+                img,
+                grp,
+                0..ckk,
+                p0,
+                p1,
+                &mut col[..ckk * width],
+                width,
+            );
             let oc0 = grp * og;
             // SAFETY: `res` has `n * o * pos` elements (checked above) and `img < n`,
             // `oc0 < o`, `p0 < pos`, so the offset is inside it.
@@ -755,8 +771,313 @@ where
     Ok(())
 }
 
+/// Output channels per micro-kernel tile of the f32 path.
+const MR: usize = 6;
+/// Output positions per micro-kernel tile (two AVX2 vectors).
+const NR: usize = 16;
+
+/// Output positions per task of the f32 path: a multiple of `NR` whose im2col block (`ckk`
+/// rows) stays near 256 KiB, inside a core's L2 beside the packed weights.
+fn f32_pos_block(ckk: usize) -> usize {
+    ((1usize << 16) / ckk.max(1) / NR * NR).clamp(4 * NR, 1024)
+}
+
+/// One tile of the f32 path: for rows `r < mr` and columns `j < n`,
+/// `c[r * ldc + j] = fma(a[(k-1) * MR + r], b[(k-1) * ldb + j], ... fma(a[r], b[j], s))`
+/// with `s = bias[r]` when `first`, else the value `c[r * ldc + j]` holds (a previous tile's
+/// result over the preceding kernel rows): every output is one chain of fused multiply-adds
+/// over all its kernel rows in order, starting at its bias, whatever the tiles, the blocks or
+/// the thread — and the same chain at every SIMD level (the AVX2 `vfmadd` and `f32::mul_add`
+/// are both the correctly rounded fusedMultiplyAdd). `a` is an `MR`-row panel packed
+/// `[k][MR]`, `b` a `k x n` panel with row stride `ldb`.
+///
+/// # Safety
+/// `a` must be valid for `k * MR` reads, `bias` for `MR`, `b` for reads of `b[l * ldb + j]`
+/// (`l < k`, `j < n`), `c` for reads (unless `first`) and writes of `c[r * ldc + j]`
+/// (`r < mr`, `j < n`) that no other thread touches and that overlap no input; `mr <= MR`,
+/// `n <= NR`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile_f32(
+    k: usize,
+    a: *const f32,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    bias: *const f32,
+    first: bool,
+    mr: usize,
+    n: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2Fma {
+        // SAFETY: the CPU has AVX2 and FMA (`simd_level` checked it); the pointer contract is
+        // the caller's, the same as this function's.
+        unsafe {
+            match (n == NR, mr) {
+                (true, 1) => tile_avx2::<true, 1>(k, a, b, ldb, c, ldc, bias, first, mr, n),
+                (true, 2..=3) => tile_avx2::<true, 3>(k, a, b, ldb, c, ldc, bias, first, mr, n),
+                (true, _) => tile_avx2::<true, MR>(k, a, b, ldb, c, ldc, bias, first, mr, n),
+                (false, 1) => tile_avx2::<false, 1>(k, a, b, ldb, c, ldc, bias, first, mr, n),
+                (false, _) => tile_avx2::<false, MR>(k, a, b, ldb, c, ldc, bias, first, mr, n),
+            }
+        }
+        return;
+    }
+    let mut acc = [[0f32; NR]; MR];
+    for (r, row) in acc.iter_mut().enumerate() {
+        if first {
+            // SAFETY: r < MR, inside `bias` (caller's contract).
+            *row = [unsafe { *bias.add(r) }; NR];
+        } else if r < mr {
+            // SAFETY: r < mr, n elements of row r of `c`, readable (caller's contract).
+            unsafe { std::ptr::copy_nonoverlapping(c.add(r * ldc), row.as_mut_ptr(), n) };
+        }
+    }
+    for l in 0..k {
+        for (r, row) in acc.iter_mut().enumerate() {
+            // SAFETY: l < k and r < MR: inside the packed panel `a` (caller's contract).
+            let av = unsafe { *a.add(l * MR + r) };
+            for (j, v) in row[..n].iter_mut().enumerate() {
+                // SAFETY: l < k, j < n: inside `b` (caller's contract).
+                *v = av.mul_add(unsafe { *b.add(l * ldb + j) }, *v);
+            }
+        }
+    }
+    for (r, row) in acc[..mr].iter().enumerate() {
+        // SAFETY: r < mr, n elements of row r of `c`, this caller's alone (contract).
+        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), c.add(r * ldc), n) };
+    }
+}
+
+/// [`tile_f32`] in AVX2 + FMA: `2 * ROWS` accumulators of 8 lanes (`ROWS` rows x two
+/// vectors), the weights broadcast from the packed panel (row stride `MR`). `ROWS` below `MR`
+/// computes only the panel's first rows (a depthwise convolution's panels have one): the
+/// same chains, fewer wasted lanes. `FULL`: `n == NR`; otherwise `b` is read and `c` written
+/// through lane masks, so nothing past column `n` is touched.
+///
+/// # Safety
+/// As [`tile_f32`], `mr <= ROWS <= MR`, and the CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
+    k: usize,
+    a: *const f32,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    bias: *const f32,
+    first: bool,
+    mr: usize,
+    n: usize,
+) {
+    use std::arch::x86_64::*;
+    let lane = |i: i32| if (i as usize) < n { -1 } else { 0 };
+    let m0 = _mm256_setr_epi32(
+        lane(0),
+        lane(1),
+        lane(2),
+        lane(3),
+        lane(4),
+        lane(5),
+        lane(6),
+        lane(7),
+    );
+    let m1 = _mm256_setr_epi32(
+        lane(8),
+        lane(9),
+        lane(10),
+        lane(11),
+        lane(12),
+        lane(13),
+        lane(14),
+        lane(15),
+    );
+    let mut acc = [_mm256_setzero_ps(); 2 * MR];
+    for r in 0..ROWS {
+        if first {
+            // SAFETY: r < MR, inside `bias` (caller's contract).
+            let v = _mm256_set1_ps(unsafe { *bias.add(r) });
+            acc[2 * r] = v;
+            acc[2 * r + 1] = v;
+        } else if r < mr {
+            // SAFETY: r < mr: row r of `c`, NR (FULL) or, through the masks, n readable
+            // elements (caller's contract).
+            unsafe {
+                let cp = c.add(r * ldc);
+                if FULL {
+                    acc[2 * r] = _mm256_loadu_ps(cp);
+                    acc[2 * r + 1] = _mm256_loadu_ps(cp.add(8));
+                } else {
+                    acc[2 * r] = _mm256_maskload_ps(cp, m0);
+                    acc[2 * r + 1] = _mm256_maskload_ps(cp.add(8), m1);
+                }
+            }
+        }
+    }
+    let (mut ap, mut bp) = (a, b);
+    for _ in 0..k {
+        // SAFETY: `bp` is row l < k of `b`: NR (FULL) or, through the masks, n valid
+        // elements; `ap` is row l of the packed panel, MR valid elements (caller's contract).
+        unsafe {
+            let (b0, b1) = if FULL {
+                (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+            } else {
+                (
+                    _mm256_maskload_ps(bp, m0),
+                    _mm256_maskload_ps(bp.add(8), m1),
+                )
+            };
+            for r in 0..ROWS {
+                let av = _mm256_broadcast_ss(&*ap.add(r));
+                acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
+                acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
+            }
+            ap = ap.add(MR);
+            bp = bp.add(ldb);
+        }
+    }
+    for r in 0..mr {
+        // SAFETY: r < mr: row r of `c`, NR (FULL) or, through the masks, n elements, this
+        // caller's alone (contract).
+        unsafe {
+            let cp = c.add(r * ldc);
+            if FULL {
+                _mm256_storeu_ps(cp, acc[2 * r]);
+                _mm256_storeu_ps(cp.add(8), acc[2 * r + 1]);
+            } else {
+                _mm256_maskstore_ps(cp, m0, acc[2 * r]);
+                _mm256_maskstore_ps(cp.add(8), m1, acc[2 * r + 1]);
+            }
+        }
+    }
+}
+
+/// conv2d for the types computed in f32 (f32, f16, bf16): im2col of a block of output
+/// positions into a task-local buffer (L2-sized), multiplied by the weights packed once into
+/// `MR`-row panels, tile by tile ([`tile_f32`]). Tasks are (image, group, position block);
+/// each output is one fma chain in a fixed order, so nothing depends on the partition or the
+/// thread count. An f32 input and output are used in place, without conversion copies.
+fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let (x, wt) = (req(inputs, 0)?, req(inputs, 1)?);
+    let bias = inputs.get(2).and_then(Option::as_ref);
+    let g = Geom::new(x, wt, &Params::new(ctx.attrs)?)?;
+    in_ptr::<T>(x)?;
+    let out = ctx.outputs[0].as_mut_slice::<T>()?;
+    if out.is_empty() {
+        return Ok(());
+    }
+    let xs = x.contiguous::<T>()?;
+    let xconv;
+    let xc: &[f32] = match T::as_c(&xs) {
+        Some(s) => s,
+        None => {
+            xconv = to_c::<T>(x)?;
+            &xconv
+        }
+    };
+    let wc = to_c::<T>(wt)?;
+    let bc = match bias {
+        Some(b) => to_c::<T>(b)?,
+        None => vec![0f32; g.o],
+    };
+    let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
+    Geom::check_len("input", xc.len(), g.n * g.c * g.h * g.w)?;
+    Geom::check_len("weight", wc.len(), g.o * ckk)?;
+    Geom::check_len("output", out.len(), g.n * g.o * pos)?;
+    Geom::check_len("bias", bc.len(), g.o)?;
+    // weights packed per group into panels of MR output channels, [panel][ckk][MR], rows past
+    // the group's last channel zero (computed, never stored); the bias likewise, [panel][MR]
+    let panels = og.div_ceil(MR);
+    let mut wp = vec![0f32; g.g * panels * ckk * MR];
+    let mut bp = vec![0f32; g.g * panels * MR];
+    for grp in 0..g.g {
+        for oc in 0..og {
+            let (pi, r) = (grp * panels + oc / MR, oc % MR);
+            let row = &wc[(grp * og + oc) * ckk..(grp * og + oc + 1) * ckk];
+            for (l, &v) in row.iter().enumerate() {
+                wp[(pi * ckk + l) * MR + r] = v;
+            }
+            bp[pi * MR + r] = bc[grp * og + oc];
+        }
+    }
+    let mut res = match T::as_c_mut(out) {
+        Some(_) => Vec::new(),
+        None => vec![0f32; out.len()],
+    };
+    let op = match T::as_c_mut(out) {
+        Some(o) => OutPtr(o.as_mut_ptr()),
+        None => OutPtr(res.as_mut_ptr()),
+    };
+    let pb = f32_pos_block(ckk);
+    let blocks = pos.div_ceil(pb);
+    // the block's row stride: an odd number of cache lines, so that the rows a tile reads
+    // (one line each) spread over every L1 set (a stride of 1024 floats put all of them in
+    // one set: a 7x7 depthwise convolution ran 1.5x slower than with `gemm`)
+    let ld = pb + if (pb / NR).is_multiple_of(2) { NR } else { 0 };
+    // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
+    // KiB) stays in L1 while every output-channel panel uses it
+    let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
+    parallel_for(pool, g.n * g.g * blocks, 1, |range| {
+        let mut col = vec![0f32; ckk * ld];
+        for t in range {
+            let (img, grp, b) = (t / (g.g * blocks), (t / blocks) % g.g, t % blocks);
+            let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
+            let width = p1 - p0;
+            g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
+            for l0 in (0..ckk).step_by(kc) {
+                let k = kc.min(ckk - l0);
+                for j0 in (0..width).step_by(NR) {
+                    let n = NR.min(width - j0);
+                    for pi in 0..panels {
+                        let oc0 = grp * og + pi * MR;
+                        let mr = MR.min(og - pi * MR);
+                        // SAFETY: `col` holds ckk rows of stride ld >= pb, of which rows l0..l0 + k
+                        // (<= ckk), columns j0..j0 + n (<= width <= pb) are read, just filled;
+                        // the packed panel grp * panels + pi has ckk * MR elements, rows l0..
+                        // l0 + k of it are read, and its bias MR, inside `wp` / `bp`; the
+                        // destination rows oc0..oc0 + mr (< o: the group's channels) at
+                        // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
+                        // pos output (checked above), and only task t touches that block of
+                        // image img, group grp, positions p0..p1 (written by the l0 == 0 tile
+                        // before later ones read it); the output is neither the input nor a
+                        // task buffer.
+                        unsafe {
+                            tile_f32(
+                                k,
+                                wp.as_ptr().add(((grp * panels + pi) * ckk + l0) * MR),
+                                col.as_ptr().add(l0 * ld + j0),
+                                ld,
+                                op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
+                                pos,
+                                bp.as_ptr().add((grp * panels + pi) * MR),
+                                l0 == 0,
+                                mr,
+                                n,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+    });
+    if !res.is_empty() {
+        T::store(&res, out);
+    }
+    Ok(())
+}
+
 fn conv2d_cpu(ctx: &mut KernelCtx) -> Result<()> {
-    with_float!(ctx.input(0).dtype, T => conv2d_k::<T>(ctx))
+    match ctx.input(0).dtype {
+        DType::F32 => conv2d_f32::<f32>(ctx),
+        DType::F16 => conv2d_f32::<f16>(ctx),
+        DType::BF16 => conv2d_f32::<bf16>(ctx),
+        dt => with_float!(dt, T => conv2d_k::<T>(ctx)),
+    }
 }
 
 fn conv2d_backward_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
@@ -814,7 +1135,7 @@ where
                 let rows = r1 - r0;
                 let oc0 = grp * og;
                 for img in 0..g.n {
-                    g.im2col(&xc, img, grp, r0..r1, 0, pos, &mut col[..rows * pos]);
+                    g.im2col(&xc, img, grp, r0..r1, 0, pos, &mut col[..rows * pos], pos);
                     // SAFETY: dst is the og x rows block [oc0.., r0..r1] of `gw` (o * ckk
                     // elements, row stride ckk, r1 <= ckk, oc0 + og <= o), written only by the
                     // task of (group, row block); lhs is grad[img, oc0..], og x pos inside `gc`

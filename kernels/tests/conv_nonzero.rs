@@ -554,3 +554,50 @@ fn registry_is_complete() {
         );
     }
 }
+
+/// The f32 path's tiling: more kernel rows than one pass takes (3x3 over 40 channels = 360,
+/// two passes of 180), output channels that do not fill the last 6-row panel (13), position
+/// blocks and 16-wide tiles with remainders (20x21 = 420 positions: blocks 176 + 176 + 68),
+/// and a 1x1 convolution; against the f64 reference, bitwise the same for every thread count
+/// and at every SIMD level (one fma chain per output in every case).
+#[test]
+fn conv2d_f32_tiles_passes_threads_and_simd_levels() {
+    use polyop_kernels::{force_simd_level, SimdLevel};
+    let mut rng = XRng::new(7);
+    for (ws, p) in [([13usize, 40, 3, 3], 1usize), ([13, 40, 1, 1], 0)] {
+        let xs = [2usize, 40, 20, 21];
+        let xv = rng.vec(xs.iter().product(), -1.0, 1.0);
+        let wv = rng.vec(ws.iter().product(), -1.0, 1.0);
+        let bv = rng.vec(ws[0], -1.0, 1.0);
+        for dt in [DType::F32, DType::BF16] {
+            let (xr, wr, br) = (rounded(&xv, dt), rounded(&wv, dt), rounded(&bv, dt));
+            let (x, w, b) = (
+                tensor(&xr, &xs, dt),
+                tensor(&wr, &ws, dt),
+                tensor(&br, &[ws[0]], dt),
+            );
+            let attrs = [("padding", int(p as i64))];
+            let got = run_ok("conv2d", &[&x, &w, &b], &attrs);
+            let (want, shape) = conv_ref(&xr, xs, &wr, ws, Some(&br), 1, p);
+            assert_eq!(got[0].shape, shape);
+            let abs = |v: &[f64]| v.iter().map(|a| a.abs()).collect::<Vec<f64>>();
+            let (scale, _) = conv_ref(&abs(&xr), xs, &abs(&wr), ws, Some(&abs(&br)), 1, p);
+            assert_close_scaled(
+                &vals(&got[0]),
+                &want,
+                Some(&scale),
+                dt,
+                &format!("conv2d {dt} {ws:?}"),
+            );
+            assert_thread_independent("conv2d", &[Some(&x), Some(&w), Some(&b)], &attrs);
+            force_simd_level(Some(SimdLevel::Baseline));
+            let base = run_ok("conv2d", &[&x, &w, &b], &attrs);
+            force_simd_level(None);
+            assert_bitwise(
+                &got,
+                &base,
+                &format!("conv2d {dt} {ws:?} at the baseline level"),
+            );
+        }
+    }
+}
