@@ -233,25 +233,27 @@ scalar_ident!(f64);
 scalar_ident!(i32);
 scalar_ident!(i64);
 
+/// f16/bf16: compute in f32, converting through [`crate::halfconv`] (F16C for f16 blocks where
+/// the CPU has it, vectorised integer code otherwise; see that module).
 macro_rules! scalar_half {
-    ($t:ty) => {
+    ($t:ty, $to:ident, $from:ident, $load:ident, $store:ident) => {
         impl Scalar for $t {
             type C = f32;
             #[inline(always)]
             fn to_c(self) -> f32 {
-                self.to_f32()
+                crate::halfconv::$to(self.to_bits())
             }
             #[inline(always)]
             fn from_c(v: f32) -> Self {
-                <$t>::from_f32(v)
+                <$t>::from_bits(crate::halfconv::$from(v))
             }
             #[inline(always)]
             fn load(src: &[Self], dst: &mut [f32]) {
-                src.convert_to_f32_slice(dst)
+                crate::halfconv::$load(src.reinterpret_cast(), dst)
             }
             #[inline(always)]
             fn store(src: &[f32], dst: &mut [Self]) {
-                dst.convert_from_f32_slice(src)
+                crate::halfconv::$store(src, dst.reinterpret_cast_mut())
             }
             #[inline(always)]
             fn as_c(_: &[Self]) -> Option<&[f32]> {
@@ -264,8 +266,8 @@ macro_rules! scalar_half {
         }
     };
 }
-scalar_half!(f16);
-scalar_half!(bf16);
+scalar_half!(f16, f16_to_f32, f32_to_f16, f16_load, f16_store);
+scalar_half!(bf16, bf16_to_f32, f32_to_bf16, bf16_load, bf16_store);
 
 /// Run `$body` with `$T` bound to the storage type of a float dtype; other dtypes are an
 /// internal error (the op's dtype rules already rejected them).
@@ -639,7 +641,7 @@ pub fn prefetch<T>(p: *const T, n: usize) {
 }
 
 /// Elements per block of the flat elementwise path.
-const FLAT_BLOCK: usize = 64;
+const FLAT_BLOCK: usize = 256;
 
 /// The flat elementwise path over `range`: each input is contiguous (`bcast[k] == false`) or a
 /// single broadcast value. Whole blocks are loaded into fixed-size arrays in the compute type,
