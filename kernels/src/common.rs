@@ -641,7 +641,7 @@ pub fn prefetch<T>(p: *const T, n: usize) {
 }
 
 /// Elements per block of the flat elementwise path.
-const FLAT_BLOCK: usize = 256;
+const FLAT_BLOCK: usize = 64;
 
 /// The flat elementwise path over `range`: each input is contiguous (`bcast[k] == false`) or a
 /// single broadcast value. Whole blocks are loaded into fixed-size arrays in the compute type,
