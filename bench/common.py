@@ -66,6 +66,38 @@ def work_of(op: str, inputs: list, attrs: dict) -> tuple[float, float]:
     return float(ins + out), float(per * x.size)
 
 
+# The memory-bound ops that also run in float16 and bfloat16 (throughput workloads only).
+HALF_OPS = ["negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_norm", "topk"]
+
+
+def half_dtypes() -> dict:
+    """{"f16": np.float16, "bf16": ml_dtypes.bfloat16}: NumPy has no bfloat16 of its own."""
+    import ml_dtypes
+
+    return {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def dtype_of(label: str) -> str:
+    """"f16", "bf16" or "f32" for a workload label (see the half workloads below)."""
+    tail = label.rsplit(" ", 1)[-1]
+    return tail if tail in ("f16", "bf16") else "f32"
+
+
+def half_ratios(results: list) -> list[tuple[str, str, str, str, float, float]]:
+    """(framework, op, f32 label, dtype, polyop's elements/s in dtype / polyop's in f32, the
+    built-in's same ratio) for every half-type throughput result with an f32 twin."""
+    f32 = {(r.framework, r.op, r.label): r for r in results if r.kind == "throughput" and dtype_of(r.label) == "f32"}
+    out = []
+    for r in results:
+        dt = dtype_of(r.label)
+        if r.kind != "throughput" or dt == "f32":
+            continue
+        base = f32.get((r.framework, r.op, r.label[: -len(dt) - 1]))
+        if base is not None:
+            out.append((r.framework, r.op, base.label, dt, base.polyop_s / r.polyop_s, base.builtin_s / r.builtin_s))
+    return out
+
+
 @dataclasses.dataclass
 class Workload:
     """One op on one input set. `work` is what its rate is quoted in: bytes moved (memory-bound
@@ -161,6 +193,13 @@ def _all_workloads(size: str) -> list[Workload]:
     # Long rows: softmax over rows that no longer fit the L1/L2 caches.
     x = rng.standard_normal(s["long"]).astype(f32)
     w.append(Workload("softmax", "throughput", f"{s['long'][0]}x{s['long'][1]}", [x], {"axis": -1}, 8.0 * x.size, "GB/s"))
+    # The same throughput inputs in float16 and bfloat16 (rounded from the f32 ones), labelled
+    # "<f32 label> f16" / "... bf16": the half types' elements per second against float32's
+    # on the same op (`half_ratios`). `work` counts 2 bytes per element.
+    for x in [x for x in w if x.kind == "throughput" and x.op in HALF_OPS]:
+        for tag, dt in half_dtypes().items():
+            xs = [None if a is None else a.astype(dt) for a in x.inputs]
+            w.append(Workload(x.op, x.kind, f"{x.label} {tag}", xs, x.attrs, x.work / 2, x.unit))
     # conv2d: overhead on a tiny 1x1x2x2 input, throughput on a ResNet-like 3x3 layer.
     xi = rng.standard_normal((1, 1, 4, 2)).astype(f32)
     wi = rng.standard_normal((1, 1, 1, 1)).astype(f32)

@@ -78,13 +78,21 @@ def custom_op_versions():
     return out
 
 
+def tensor(a: np.ndarray) -> torch.Tensor:
+    """A torch tensor sharing `a`'s memory; ml_dtypes' bfloat16 (which torch.from_numpy does not
+    know) through its bits."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def run(workloads: list[Workload]) -> list[Result]:
     torch.ops.load_library(polyop.library_path("torch"))
     P = torch.ops.polyop
     customs = custom_op_versions()
     results = []
     for w in workloads:
-        ts = [None if a is None else torch.from_numpy(a) for a in w.inputs]
+        ts = [None if a is None else tensor(a) for a in w.inputs]
         attrs = list(w.attrs.values())
         name, builtin = BUILTIN[w.op]
         pfn = getattr(P, w.op)

@@ -5,7 +5,7 @@
 //! "elem/s" = FLOP/s for conv2d). `POLYOP_BENCH_QUICK=1` shortens the measurement.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kernel_core::half::bf16;
+use kernel_core::half::{bf16, f16};
 use kernel_core::{
     default_pool, AttrValue, Element, KernelCtx, OpDef, OwnedTensor, TensorMut, TensorRef,
 };
@@ -190,6 +190,55 @@ fn small(c: &mut Criterion) {
     bench_calls(c, "small_64K", calls);
 }
 
+/// The memory-bound ops in f32, f16 and bf16 at bench/run.py's quick sizes (L2-resident), for
+/// the half types' elements per second against f32's (criterion's GiB/s counts 2 bytes per
+/// half element: equal elements per second is half f32's GiB/s).
+fn half(c: &mut Criterion) {
+    let n = 1usize << 16;
+    let xf = f32s(&[n]);
+    let yf = filled(n, &[n], |i| ((i % 613) as f32) / 100.0 - 3.0);
+    let rf = f32s(&[64, 1024]);
+    let wf = filled(1024, &[1024], |i| 0.5 + (i % 7) as f32 / 7.0);
+    let cast = |t: &OwnedTensor, dt: &str| -> OwnedTensor {
+        let v: &[f32] = t.as_slice::<f32>().unwrap();
+        match dt {
+            "f16" => OwnedTensor::from_vec(v.iter().map(|&x| f16::from_f32(x)).collect(), &t.shape)
+                .unwrap(),
+            "bf16" => {
+                OwnedTensor::from_vec(v.iter().map(|&x| bf16::from_f32(x)).collect(), &t.shape)
+                    .unwrap()
+            }
+            _ => t.clone(),
+        }
+    };
+    let mut calls = Vec::new();
+    for dt in ["f32", "f16", "bf16"] {
+        let (x, y, r, w) = (cast(&xf, dt), cast(&yf, dt), cast(&rf, dt), cast(&wf, dt));
+        let alpha = [("alpha", AttrValue::Float(1.5))];
+        let k = [("k", AttrValue::Int(8))];
+        for (name, call) in [
+            ("negate", Call::new("negate", vec![x.clone()], &[])),
+            ("add", Call::new("add", vec![x.clone(), y.clone()], &[])),
+            ("scale", Call::new("scale", vec![x.clone()], &alpha)),
+            ("relu", Call::new("relu", vec![x.clone()], &[])),
+            ("add_relu", Call::new("add_relu", vec![x.clone(), y], &[])),
+            ("gelu", Call::new("gelu", vec![x], &[])),
+            (
+                "softmax_64x1024",
+                Call::new("softmax", vec![r.clone()], &[]),
+            ),
+            (
+                "rms_norm_64x1024",
+                Call::new("rms_norm", vec![r.clone(), w], &[]),
+            ),
+            ("topk_k8_64x1024", Call::new("topk", vec![r], &k)),
+        ] {
+            calls.push((format!("{name}_{dt}"), call));
+        }
+    }
+    bench_calls(c, "half_64K", calls);
+}
+
 fn rows(c: &mut Criterion) {
     let shape = [8192usize, 1024];
     let x = f32s(&shape);
@@ -253,6 +302,6 @@ fn nonzero(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = small, elementwise, rows, conv, nonzero
+    targets = small, half, elementwise, rows, conv, nonzero
 }
 criterion_main!(benches);

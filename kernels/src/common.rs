@@ -195,6 +195,10 @@ pub trait Scalar: Element {
     fn as_c(s: &[Self]) -> Option<&[Self::C]>;
     /// Mutable form of [`Scalar::as_c`].
     fn as_c_mut(s: &mut [Self]) -> Option<&mut [Self::C]>;
+    /// Whether the flat elementwise path should convert with `to_c` inside its map loop rather
+    /// than [`Scalar::load`] blocks first (true where `to_c` is a few integer instructions that
+    /// vectorise in the loop, bf16; f16's block load is F16C, a call, better done per block).
+    const CONVERT_IN_LOOP: bool = false;
 }
 
 macro_rules! scalar_ident {
@@ -233,25 +237,28 @@ scalar_ident!(f64);
 scalar_ident!(i32);
 scalar_ident!(i64);
 
+/// f16/bf16: compute in f32, converting through [`crate::halfconv`] (F16C for f16 blocks where
+/// the CPU has it, vectorised integer code otherwise; see that module).
 macro_rules! scalar_half {
-    ($t:ty) => {
+    ($t:ty, $to:ident, $from:ident, $load:ident, $store:ident, $in_loop:expr) => {
         impl Scalar for $t {
             type C = f32;
+            const CONVERT_IN_LOOP: bool = $in_loop;
             #[inline(always)]
             fn to_c(self) -> f32 {
-                self.to_f32()
+                crate::halfconv::$to(self.to_bits())
             }
             #[inline(always)]
             fn from_c(v: f32) -> Self {
-                <$t>::from_f32(v)
+                <$t>::from_bits(crate::halfconv::$from(v))
             }
             #[inline(always)]
             fn load(src: &[Self], dst: &mut [f32]) {
-                src.convert_to_f32_slice(dst)
+                crate::halfconv::$load(src.reinterpret_cast(), dst)
             }
             #[inline(always)]
             fn store(src: &[f32], dst: &mut [Self]) {
-                dst.convert_from_f32_slice(src)
+                crate::halfconv::$store(src, dst.reinterpret_cast_mut())
             }
             #[inline(always)]
             fn as_c(_: &[Self]) -> Option<&[f32]> {
@@ -264,8 +271,8 @@ macro_rules! scalar_half {
         }
     };
 }
-scalar_half!(f16);
-scalar_half!(bf16);
+scalar_half!(f16, f16_to_f32, f32_to_f16, f16_load, f16_store, false);
+scalar_half!(bf16, bf16_to_f32, f32_to_bf16, bf16_load, bf16_store, true);
 
 /// Run `$body` with `$T` bound to the storage type of a float dtype; other dtypes are an
 /// internal error (the op's dtype rules already rejected them).
@@ -668,6 +675,27 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
         }
     });
     let mut i = range.start;
+    if T::CONVERT_IN_LOOP && !bcast.iter().any(|&b| b) {
+        // No broadcast input, and a type whose `to_c` is cheap inline code (bf16): read and
+        // convert in the map loop itself, which vectorises with it, into a local block stored
+        // after the whole block was read (in-place safe). bf16 `add`: 315k -> 250k
+        // instructions for 64K elements (callgrind).
+        while i + FLAT_BLOCK <= range.end {
+            let mut o = [T::C::default(); FLAT_BLOCK];
+            for (j, o) in o.iter_mut().enumerate() {
+                *o = f(std::array::from_fn(|k| {
+                    // SAFETY: `i + FLAT_BLOCK <= range.end`, so `i + j` is in `range`,
+                    // readable per the caller (no input is broadcast here); `out` is written
+                    // only after this block was read.
+                    unsafe { ins[k].get((i + j) as isize) }.to_c()
+                }));
+            }
+            // SAFETY: indices `i..i + FLAT_BLOCK` are in `range`, which this task owns in
+            // `out` (caller); every input element of the block was read above.
+            T::store(&o, unsafe { out.slice(i, FLAT_BLOCK) });
+            i += FLAT_BLOCK;
+        }
+    }
     while i + FLAT_BLOCK <= range.end {
         let mut a = [[T::C::default(); FLAT_BLOCK]; N];
         for k in 0..N {

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 pub(crate) mod common;
 pub mod conv;
 pub mod elementwise;
+pub mod halfconv;
 pub mod nonzero;
 pub mod norm;
 pub mod softmax;

@@ -266,34 +266,39 @@ where
     let inv_n = T::C::ONE / T::C::from_f64(n as f64);
     let direct = lx.stride == 1 && lout.stride == 1;
     kernel_core::parallel_for(pool, lx.count, lane_grain(n), |range| {
-        with_simd(|| {
-            let (mut buf, mut obuf) = (Vec::new(), Vec::new());
-            for lane in range {
-                // SAFETY: x and the output have the same shape (checked above), so row
-                // `lane < lx.count` has `n` elements in both, at offsets each view's shape and
-                // strides reach (the output is contiguous, `out_ptr` checked it);
-                // `parallel_for` gives each row to one task, so its output is this task's.
-                unsafe {
-                    let (src, dst) = if direct {
-                        (
-                            c_slice::<T>(p, lx.base(lane), n),
-                            c_slice_mut::<T>(o, lout.base(lane), n),
-                        )
-                    } else {
-                        (None, None)
-                    };
-                    if let (Some(src), Some(dst)) = (src, dst) {
-                        rms_row(src, &wb, inv_n, eps, dst);
-                    } else {
-                        buf.resize(n, T::C::ZERO);
-                        obuf.resize(n, T::C::ZERO);
-                        load_strided(p, lx.base(lane), lx.stride, &mut buf);
-                        rms_row(&buf, &wb, inv_n, eps, &mut obuf);
-                        store_strided(o, lout.base(lane), lout.stride, &obuf);
+        // `#[inline(always)]`: the row loop (and the half-type conversions in it) must be
+        // compiled inside `with_simd`, see there.
+        with_simd(
+            #[inline(always)]
+            || {
+                let (mut buf, mut obuf) = (Vec::new(), Vec::new());
+                for lane in range {
+                    // SAFETY: x and the output have the same shape (checked above), so row
+                    // `lane < lx.count` has `n` elements in both, at offsets each view's shape and
+                    // strides reach (the output is contiguous, `out_ptr` checked it);
+                    // `parallel_for` gives each row to one task, so its output is this task's.
+                    unsafe {
+                        let (src, dst) = if direct {
+                            (
+                                c_slice::<T>(p, lx.base(lane), n),
+                                c_slice_mut::<T>(o, lout.base(lane), n),
+                            )
+                        } else {
+                            (None, None)
+                        };
+                        if let (Some(src), Some(dst)) = (src, dst) {
+                            rms_row(src, &wb, inv_n, eps, dst);
+                        } else {
+                            buf.resize(n, T::C::ZERO);
+                            obuf.resize(n, T::C::ZERO);
+                            load_strided(p, lx.base(lane), lx.stride, &mut buf);
+                            rms_row(&buf, &wb, inv_n, eps, &mut obuf);
+                            store_strided(o, lout.base(lane), lout.stride, &obuf);
+                        }
                     }
                 }
-            }
-        })
+            },
+        )
     });
     Ok(())
 }

@@ -199,65 +199,70 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
     }
     let direct = lin.stride == 1;
     parallel_for(pool, lin.count, lane_grain(n), |range| {
-        with_simd(|| {
-            let mut vals = Vec::new();
-            let mut items: Vec<(T::C, usize)> = Vec::new();
-            let (mut bv, mut bi) = (Vec::with_capacity(k + 1), Vec::with_capacity(k + 1));
-            let mut vout = vec![T::C::ZERO; k];
-            for lane in range {
-                let src = if direct {
-                    // SAFETY: lane `lane < lin.count` of x has `n` elements at stride 1 from
-                    // `lin.base(lane)`, offsets x's shape and strides reach; x is only read.
-                    unsafe { c_slice::<T>(p, lin.base(lane), n) }
-                } else {
-                    None
-                };
-                let src = match src {
-                    Some(s) => s,
-                    None => {
-                        vals.resize(n, T::C::ZERO);
-                        // SAFETY: the `n` elements of lane `lane` of x, as above, at its
-                        // stride.
-                        unsafe { load_strided(p, lin.base(lane), lin.stride, &mut vals) };
-                        &vals[..]
+        // `#[inline(always)]`: the row loop (and the half-type conversions in it) must be
+        // compiled inside `with_simd`, see there.
+        with_simd(
+            #[inline(always)]
+            || {
+                let mut vals = Vec::new();
+                let mut items: Vec<(T::C, usize)> = Vec::new();
+                let (mut bv, mut bi) = (Vec::with_capacity(k + 1), Vec::with_capacity(k + 1));
+                let mut vout = vec![T::C::ZERO; k];
+                for lane in range {
+                    let src = if direct {
+                        // SAFETY: lane `lane < lin.count` of x has `n` elements at stride 1 from
+                        // `lin.base(lane)`, offsets x's shape and strides reach; x is only read.
+                        unsafe { c_slice::<T>(p, lin.base(lane), n) }
+                    } else {
+                        None
+                    };
+                    let src = match src {
+                        Some(s) => s,
+                        None => {
+                            vals.resize(n, T::C::ZERO);
+                            // SAFETY: the `n` elements of lane `lane` of x, as above, at its
+                            // stride.
+                            unsafe { load_strided(p, lin.base(lane), lin.stride, &mut vals) };
+                            &vals[..]
+                        }
+                    };
+                    let base = lout.base(lane);
+                    if k <= SMALL_K {
+                        top_k_scan(src, k, largest, &mut bv, &mut bi);
+                        // The writes below: both outputs have x's shape with k along
+                        // `axis` (checked above), so output lane `lane` has k elements at
+                        // `base + j * lout.stride`; the scan returns `k <= n` entries (checked
+                        // above), and `parallel_for` gives the lane to this task alone.
+                        for (j, &i) in bi.iter().enumerate() {
+                            // SAFETY: see above; `j < k`.
+                            unsafe { oi.write(base + j as isize * lout.stride, i as i64) };
+                        }
+                        // SAFETY: see above; `bv.len() == k`.
+                        unsafe { store_strided(ov, base, lout.stride, &bv) };
+                        continue;
                     }
-                };
-                let base = lout.base(lane);
-                if k <= SMALL_K {
-                    top_k_scan(src, k, largest, &mut bv, &mut bi);
-                    // The writes below: both outputs have x's shape with k along
-                    // `axis` (checked above), so output lane `lane` has k elements at
-                    // `base + j * lout.stride`; the scan returns `k <= n` entries (checked
-                    // above), and `parallel_for` gives the lane to this task alone.
-                    for (j, &i) in bi.iter().enumerate() {
-                        // SAFETY: see above; `j < k`.
+                    items.clear();
+                    items.extend(src.iter().copied().zip(0..n));
+                    if largest {
+                        top_k_sorted(&mut items, k, |a, b| {
+                            cmp_nan_max(b.0, a.0).then(a.1.cmp(&b.1))
+                        });
+                    } else {
+                        top_k_sorted(&mut items, k, |a, b| {
+                            cmp_nan_max(a.0, b.0).then(a.1.cmp(&b.1))
+                        });
+                    }
+                    for (j, &(v, i)) in items[..k].iter().enumerate() {
+                        vout[j] = v;
+                        // SAFETY: `j < k`, an element of output lane `lane`, which is this
+                        // task's (as in the scan branch).
                         unsafe { oi.write(base + j as isize * lout.stride, i as i64) };
                     }
-                    // SAFETY: see above; `bv.len() == k`.
-                    unsafe { store_strided(ov, base, lout.stride, &bv) };
-                    continue;
+                    // SAFETY: `vout.len() == k`, the elements of this task's output lane.
+                    unsafe { store_strided(ov, base, lout.stride, &vout) };
                 }
-                items.clear();
-                items.extend(src.iter().copied().zip(0..n));
-                if largest {
-                    top_k_sorted(&mut items, k, |a, b| {
-                        cmp_nan_max(b.0, a.0).then(a.1.cmp(&b.1))
-                    });
-                } else {
-                    top_k_sorted(&mut items, k, |a, b| {
-                        cmp_nan_max(a.0, b.0).then(a.1.cmp(&b.1))
-                    });
-                }
-                for (j, &(v, i)) in items[..k].iter().enumerate() {
-                    vout[j] = v;
-                    // SAFETY: `j < k`, an element of output lane `lane`, which is this
-                    // task's (as in the scan branch).
-                    unsafe { oi.write(base + j as isize * lout.stride, i as i64) };
-                }
-                // SAFETY: `vout.len() == k`, the elements of this task's output lane.
-                unsafe { store_strided(ov, base, lout.stride, &vout) };
-            }
-        })
+            },
+        )
     });
     Ok(())
 }

@@ -1,0 +1,78 @@
+//! Run one stock op `reps` times on the inputs of the `half_64K` benchmark group, for
+//! instruction counts that a busy machine cannot blur:
+//!
+//!     cargo build --release -p polyop-kernels --example op_loop
+//!     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!         target/release/examples/op_loop add f16 20
+//!     target/release/examples/op_loop add f16 2000 time   # best-of-7 elements per second
+//!
+//! (run it with reps 0 and N: the difference / N is one call's count). Single-threaded (the
+//! serial pool), so the count is the kernel's alone.
+
+use kernel_core::half::{bf16, f16};
+use kernel_core::{AttrValue, Element, KernelCtx, OwnedTensor, TensorMut, TensorRef};
+
+fn tensor(n: usize, shape: &[usize], dt: &str, f: impl Fn(usize) -> f32) -> OwnedTensor {
+    fn own<T: Element>(v: Vec<T>, shape: &[usize]) -> OwnedTensor {
+        OwnedTensor::from_vec(v, shape).unwrap()
+    }
+    let v = (0..n).map(f);
+    match dt {
+        "f32" => own(v.collect::<Vec<f32>>(), shape),
+        "f16" => own(v.map(f16::from_f32).collect::<Vec<_>>(), shape),
+        "bf16" => own(v.map(bf16::from_f32).collect::<Vec<_>>(), shape),
+        _ => panic!("dtype f32, f16 or bf16"),
+    }
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let (name, dt) = (a[1].as_str(), a[2].as_str());
+    let reps: usize = a[3].parse().unwrap();
+    let val = |i: usize| ((i.wrapping_mul(2_654_435_761) % 2001) as f32 - 1000.0) / 250.0;
+    let n = 1 << 16;
+    let x = tensor(n, &[n], dt, val);
+    let y = tensor(n, &[n], dt, |i| (i % 613) as f32 / 100.0 - 3.0);
+    let r = tensor(n, &[64, 1024], dt, val);
+    let w = tensor(1024, &[1024], dt, |i| 0.5 + (i % 7) as f32 / 7.0);
+    let (inputs, attrs): (Vec<OwnedTensor>, Vec<(&str, AttrValue)>) = match name {
+        "negate" | "relu" | "gelu" => (vec![x], vec![]),
+        "add" | "add_relu" => (vec![x, y], vec![]),
+        "scale" => (vec![x], vec![("alpha", AttrValue::Float(1.5))]),
+        "softmax" => (vec![r], vec![]),
+        "rms_norm" => (vec![r, w], vec![]),
+        "topk" => (vec![r], vec![("k", AttrValue::Int(8))]),
+        _ => panic!("unknown op {name}"),
+    };
+    let op = polyop_kernels::registry().lookup(name).unwrap();
+    let attrs = op.bind_attrs(attrs).unwrap();
+    let views: Vec<Option<TensorRef>> = inputs.iter().map(|t| Some(t.view())).collect();
+    let specs = op.infer_concrete(&views, &attrs).unwrap();
+    let mut outputs: Vec<OwnedTensor> = specs
+        .iter()
+        .map(|s| OwnedTensor::zeros(s.dtype, &s.concrete().unwrap()))
+        .collect();
+    let pool = &kernel_core::SerialPool;
+    let mut run = || {
+        let mut outs: Vec<TensorMut> = outputs.iter_mut().map(|o| o.view_mut()).collect();
+        let mut ctx = KernelCtx::new(op, &views, &mut outs, &attrs, pool);
+        op.compute(&mut ctx).unwrap();
+    };
+    if a.get(4).map(String::as_str) == Some("time") {
+        // The fastest of 7 batches of `reps` calls: elements per second, one thread.
+        let best = (0..7)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    run();
+                }
+                t.elapsed().as_secs_f64() / reps as f64
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!("{name} {dt} {:.3} Gelem/s", n as f64 / best / 1e9);
+        return;
+    }
+    for _ in 0..reps {
+        run();
+    }
+}
