@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import OPS, Result, make_workloads  # noqa: E402
+from common import OPS, Result, half_ratios, make_workloads  # noqa: E402
 
 KINDS = {"overhead", "throughput", "sweep", "models"}  # models: bench/ep_models.py (ONNX Runtime only)
 FRAMEWORKS = ["torch", "tensorflow", "onnxruntime", "jax", "mindspore"]
@@ -257,6 +257,7 @@ def write_markdown(results, scaling, versions, extra, machine, size, path: Path,
         lines.append("")
     lines += roofline_section(results, machine)
     lines += scaling_section(scaling, machine, extra)
+    lines += half_section(results)
     if extra.get("ep_models"):
         import ep_models  # (imports onnxruntime: only when there is its section to write)
 
@@ -265,6 +266,22 @@ def write_markdown(results, scaling, versions, extra, machine, size, path: Path,
     if analysis.exists():
         lines += [analysis.read_text()]
     path.write_text("\n".join(lines) + "\n")
+
+
+def half_section(results) -> list[str]:
+    """polyop's elements/s in float16 and bfloat16 against its own float32 on the same op (issue
+    18: at least 1.00), with the built-in's same ratio beside it."""
+    rows = half_ratios(results)
+    if not rows:
+        return []
+    lines = ["## float16 and bfloat16 against float32", "",
+             "Elements per second in the half type / elements per second in float32, the same op and",
+             "shape, from the throughput rows above (`... f16` / `... bf16`): 1.00 means the half type",
+             "moves as many elements per second as float32.", "",
+             "| framework | op | input | dtype | polyop half / f32 | built-in half / f32 |", "|---|---|---|---|---|---|"]
+    for fw, op, label, dt, ours, theirs in rows:
+        lines.append(f"| {fw} | {op} | {label} | {dt} | {ours:.2f} | {theirs:.2f} |")
+    return lines + [""]
 
 
 def _ordered(results, key):
