@@ -107,6 +107,29 @@ pub trait Real: Num + num_traits::Float {
     /// `e^(self - m)` for finite `self <= m` (softmax's fast path; see
     /// [`crate::vmath::exp_diff_f32`] for f32, `exp_minus` in softmax.rs for f64).
     fn exp_diff(self, m: Self) -> Self;
+    /// `dst[i] = src[i].gelu_erf()` (same bits), for the first `min(len)` elements; f32 skips
+    /// the tail formula for chunks that have no tail element ([`crate::vmath::gelu_erf_slice`]).
+    #[inline(always)]
+    fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = x.gelu_erf();
+        }
+    }
+    /// `d[j] = s[j].exp_diff(m)` (same bits) for a chunk of [`ACC`] elements; f32 skips the
+    /// underflow handling for chunks that need none ([`crate::vmath::exp_diff_chunk`]).
+    #[inline(always)]
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) {
+        for j in 0..ACC {
+            d[j] = s[j].exp_diff(m);
+        }
+    }
+    /// `dst[i] = src[i].gelu_tanh()` (same bits), as [`Real::gelu_erf_slice`].
+    #[inline(always)]
+    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = x.gelu_tanh();
+        }
+    }
 }
 /// 1/sqrt(2 pi)
 const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
@@ -135,6 +158,18 @@ impl Real for f32 {
     #[inline(always)]
     fn exp_diff(self, m: Self) -> Self {
         crate::vmath::exp_diff_f32(self, m)
+    }
+    #[inline(always)]
+    fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
+        crate::vmath::gelu_erf_slice(src, dst)
+    }
+    #[inline(always)]
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) {
+        crate::vmath::exp_diff_chunk(s, m, d)
+    }
+    #[inline(always)]
+    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
+        crate::vmath::gelu_tanh_slice(src, dst)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {

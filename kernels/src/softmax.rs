@@ -231,10 +231,16 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
         let rs = cs.remainder();
         let mut cd = cd;
         for (s, d) in cs.zip(&mut cd) {
+            let (s, d): (&[C; ACC], &mut [C; ACC]) = (s.try_into().unwrap(), d.try_into().unwrap());
+            if FINITE {
+                C::exp_diff_chunk(s, m, d);
+            } else {
+                for j in 0..ACC {
+                    d[j] = exp_minus(s[j], m);
+                }
+            }
             for j in 0..ACC {
-                let e = exp_of::<C, FINITE>(s[j], m);
-                d[j] = e;
-                acc[j] = acc[j] + e;
+                acc[j] = acc[j] + d[j];
             }
         }
         let rd = cd.into_remainder();
@@ -248,8 +254,20 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
         }
     }
     let sum = C::from_f64(tree_sum(wide));
-    for v in dst.iter_mut() {
-        *v = *v / sum;
+    if FINITE {
+        // sum in [1, n]: v / sum as v * (1 / sum) plus one FMA correction (Markstein: with
+        // the reciprocal correctly rounded, the corrected quotient is the correctly rounded
+        // v / sum for normal results; within a subnormal ulp below), cheaper than a division
+        let rcp = C::ONE / sum;
+        for v in dst.iter_mut() {
+            let q = *v * rcp;
+            let rem = (C::ZERO - q).mul_add(sum, *v);
+            *v = rem.mul_add(rcp, q);
+        }
+    } else {
+        for v in dst.iter_mut() {
+            *v = *v / sum;
+        }
     }
 }
 
