@@ -117,11 +117,13 @@ pub trait Real: Num + num_traits::Float {
     }
     /// `d[j] = s[j].exp_diff(m)` (same bits) for a chunk of [`ACC`] elements; f32 skips the
     /// underflow handling for chunks that need none ([`crate::vmath::exp_diff_chunk`]).
+    /// Returns whether it took such a fast path, which a chunk holding a NaN never does.
     #[inline(always)]
-    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) {
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
         for j in 0..ACC {
             d[j] = s[j].exp_diff(m);
         }
+        false
     }
     /// `dst[i] = src[i].gelu_tanh()` (same bits), as [`Real::gelu_erf_slice`].
     #[inline(always)]
@@ -164,7 +166,7 @@ impl Real for f32 {
         crate::vmath::gelu_erf_slice(src, dst)
     }
     #[inline(always)]
-    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) {
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
         crate::vmath::exp_diff_chunk(s, m, d)
     }
     #[inline(always)]

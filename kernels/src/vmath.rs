@@ -130,9 +130,10 @@ fn exp_diff_fast(x: f32, m: f32) -> f32 {
 const EXP_FAST_MIN: f32 = -86.0;
 
 /// `d[j] = exp_diff_f32(s[j], m)`, bitwise; a chunk whose differences are all at least
-/// [`EXP_FAST_MIN`] (no subnormal or zero result) takes [`exp_diff_fast`].
+/// [`EXP_FAST_MIN`] (no subnormal or zero result, no NaN) takes [`exp_diff_fast`]; returns
+/// whether it did.
 #[inline(always)]
-pub fn exp_diff_chunk(s: &[f32; CHUNK], m: f32, d: &mut [f32; CHUNK]) {
+pub fn exp_diff_chunk(s: &[f32; CHUNK], m: f32, d: &mut [f32; CHUNK]) -> bool {
     let mut ok = true;
     for &x in s {
         ok &= x - m >= EXP_FAST_MIN;
@@ -146,6 +147,7 @@ pub fn exp_diff_chunk(s: &[f32; CHUNK], m: f32, d: &mut [f32; CHUNK]) {
             d[j] = exp_diff_f32(s[j], m);
         }
     }
+    ok
 }
 
 /// tanh(x): an odd polynomial (Cephes' tanhf) for |x| < 0.625, else 1 - 2 / (e^{2|x|} + 1)
