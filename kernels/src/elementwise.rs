@@ -347,19 +347,9 @@ where
 {
     let tanh = gelu_mode(ctx.attrs)?;
     if tanh {
-        unary_blocks::<T>(
-            ctx,
-            |v| gelu_c(v, true),
-            #[inline(always)]
-            |s, d| T::C::gelu_tanh_slice(s, d),
-        )
+        unary_blocks::<T>(ctx, |v| gelu_c(v, true), T::C::gelu_tanh_slice)
     } else {
-        unary_blocks::<T>(
-            ctx,
-            |v| gelu_c(v, false),
-            #[inline(always)]
-            |s, d| T::C::gelu_erf_slice(s, d),
-        )
+        unary_blocks::<T>(ctx, |v| gelu_c(v, false), T::C::gelu_erf_slice)
     }
 }
 

@@ -208,7 +208,7 @@ fn exp_of<C: Real, const FINITE: bool>(x: C, m: C) -> C {
 /// Whether `s` holds a NaN.
 #[inline(always)]
 fn has_nan<C: Real>(s: &[C]) -> bool {
-    s.iter().fold(false, |b, &x| b | (x != x))
+    s.iter().fold(false, |b, &x| b | Num::is_nan(x))
 }
 
 /// Elements per block of [`exp_sum_div`]'s sum: each of the [`ACC`] f32 partials adds 16
