@@ -107,6 +107,31 @@ pub trait Real: Num + num_traits::Float {
     /// `e^(self - m)` for finite `self <= m` (softmax's fast path; see
     /// [`crate::vmath::exp_diff_f32`] for f32, `exp_minus` in softmax.rs for f64).
     fn exp_diff(self, m: Self) -> Self;
+    /// `dst[i] = src[i].gelu_erf()` (same bits), for the first `min(len)` elements; f32 skips
+    /// the tail formula for chunks that have no tail element ([`crate::vmath::gelu_erf_slice`]).
+    #[inline(always)]
+    fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = x.gelu_erf();
+        }
+    }
+    /// `d[j] = s[j].exp_diff(m)` (same bits) for a chunk of [`ACC`] elements; f32 skips the
+    /// underflow handling for chunks that need none ([`crate::vmath::exp_diff_chunk`]).
+    /// Returns whether it took such a fast path, which a chunk holding a NaN never does.
+    #[inline(always)]
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
+        for j in 0..ACC {
+            d[j] = s[j].exp_diff(m);
+        }
+        false
+    }
+    /// `dst[i] = src[i].gelu_tanh()` (same bits), as [`Real::gelu_erf_slice`].
+    #[inline(always)]
+    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
+        for (o, &x) in dst.iter_mut().zip(src) {
+            *o = x.gelu_tanh();
+        }
+    }
 }
 /// 1/sqrt(2 pi)
 const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
@@ -135,6 +160,18 @@ impl Real for f32 {
     #[inline(always)]
     fn exp_diff(self, m: Self) -> Self {
         crate::vmath::exp_diff_f32(self, m)
+    }
+    #[inline(always)]
+    fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
+        crate::vmath::gelu_erf_slice(src, dst)
+    }
+    #[inline(always)]
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
+        crate::vmath::exp_diff_chunk(s, m, d)
+    }
+    #[inline(always)]
+    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
+        crate::vmath::gelu_tanh_slice(src, dst)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
@@ -541,26 +578,33 @@ fn walk<const N: usize>(
 }
 
 /// The instruction-set level the kernels' hot loops are compiled for, chosen at run time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Every level gives bitwise identical results (see [`with_simd`]); only the speed differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SimdLevel {
     /// The target's baseline (SSE2 on x86-64); `mul_add` is a libm call here (slow, same bits).
     Baseline,
     /// AVX2 with FMA (x86-64 CPUs from 2013 on).
     Avx2Fma,
+    /// AVX-512 (F and VL) with AVX2 and FMA: 512-bit vectors (Intel from Skylake-SP, AMD from
+    /// Zen 4).
+    Avx512,
 }
 
 /// 0: no override; 1 + level: force that level (tests).
 static FORCED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Force the level [`with_simd`] uses (`None`: the best the CPU has), for tests that check
-/// every level gives the same bits. Process-wide; a level the CPU lacks is ignored. Results
-/// never depend on the level, so other code running meanwhile only changes speed.
+/// every level gives the same bits. Process-wide; a level above what the CPU has runs at the
+/// best level the CPU has (never an instruction it lacks). Results never depend on the level,
+/// so other code running meanwhile only changes speed.
 #[doc(hidden)]
 pub fn force_simd_level(level: Option<SimdLevel>) {
     let v = match level {
         None => 0,
         Some(SimdLevel::Baseline) => 1,
         Some(SimdLevel::Avx2Fma) => 2,
+        Some(SimdLevel::Avx512) => 3,
     };
     FORCED.store(v, std::sync::atomic::Ordering::Relaxed);
 }
@@ -578,27 +622,57 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
-/// The level [`with_simd`] runs at now: the best the CPU has, unless a test forced a lower one.
+/// Whether the CPU has AVX-512F and AVX-512VL besides AVX2 and FMA (std caches the answer; it
+/// also checks that the OS saves the 512-bit state).
 #[inline(always)]
-pub fn simd_level() -> SimdLevel {
-    let forced = FORCED.load(std::sync::atomic::Ordering::Relaxed);
-    if forced != 1 && has_avx2_fma() {
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        has_avx2_fma()
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The best level this CPU has.
+#[inline(always)]
+pub fn cpu_simd_level() -> SimdLevel {
+    if has_avx512() {
+        SimdLevel::Avx512
+    } else if has_avx2_fma() {
         SimdLevel::Avx2Fma
     } else {
         SimdLevel::Baseline
     }
 }
 
-/// Run `body` compiled with AVX2 and FMA enabled when the CPU has them, otherwise as is (SSE2
-/// baseline on x86-64). Both versions are the same code and give bitwise identical results:
-/// Rust never contracts `a * b + c` into an FMA, and where the kernels call `mul_add`
-/// themselves it is IEEE fusedMultiplyAdd, correctly rounded in both (a `vfmadd` instruction
-/// here, libm's `fmaf` in the baseline build). (An AVX-512F version was tried: LLVM keeps
-/// 256-bit vectors for it and it was no faster; the CI machines have no AVX-512.) The kernels
-/// inside must be `#[inline(always)]`, and so must the closure (`with_simd(#[inline(always)]
+/// The level [`with_simd`] runs at now: the best the CPU has, unless a test forced a lower one.
+#[inline(always)]
+pub fn simd_level() -> SimdLevel {
+    let best = cpu_simd_level();
+    match FORCED.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => SimdLevel::Baseline,
+        2 => best.min(SimdLevel::Avx2Fma),
+        _ => best,
+    }
+}
+
+/// Run `body` compiled for the best instruction-set level the CPU has ([`simd_level`]):
+/// AVX-512 (F, VL) with AVX2 and FMA, AVX2 with FMA, or as is (SSE2 baseline on x86-64). Each
+/// version is the same code and gives bitwise identical results: Rust never contracts
+/// `a * b + c` into an FMA, and where the kernels call `mul_add` themselves it is IEEE
+/// fusedMultiplyAdd, correctly rounded in all (a `vfmadd` instruction there, libm's `fmaf` in
+/// the baseline build); the vector width changes how many lanes one instruction handles, never
+/// the order of a reduction (the kernels fix that order in the source, see [`ACC`]). The
+/// kernels inside must be `#[inline(always)]`, and so must the closure (`with_simd(#[inline(always)]
 /// || ...)`), so they are compiled (and vectorised) for the wider registers: a hot loop left
 /// outside is compiled for the baseline, where `mul_add` is a libm call (softmax ran 40x
-/// slower when LLVM stopped inlining its closure).
+/// slower when LLVM stopped inlining its closure). The AVX-512 version uses 512-bit vectors
+/// (rustc 1.95 / LLVM: `zmm` registers for these loops; an older toolchain kept 256-bit ones).
 #[inline(always)]
 pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -609,11 +683,20 @@ pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
         unsafe fn avx2<R>(body: impl FnOnce() -> R) -> R {
             body()
         }
-        if simd_level() == SimdLevel::Avx2Fma {
-            // SAFETY: calling a `#[target_feature(enable = "avx2,fma")]` function is sound
-            // exactly when the CPU supports AVX2 and FMA, which `simd_level` checked at run
-            // time (it never reports a level the CPU lacks).
-            return unsafe { avx2(body) };
+        /// # Safety
+        /// The CPU must support AVX-512F, AVX-512VL, AVX2 and FMA.
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+        unsafe fn avx512<R>(body: impl FnOnce() -> R) -> R {
+            body()
+        }
+        match simd_level() {
+            // SAFETY: calling a `#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]`
+            // function is sound exactly when the CPU supports those features, which
+            // `simd_level` checked at run time (it never reports a level the CPU lacks).
+            SimdLevel::Avx512 => return unsafe { avx512(body) },
+            // SAFETY: as above, for AVX2 and FMA.
+            SimdLevel::Avx2Fma => return unsafe { avx2(body) },
+            SimdLevel::Baseline => {}
         }
     }
     body()

@@ -13,7 +13,7 @@ pub mod softmax;
 pub mod topk;
 pub mod vmath;
 
-pub use common::{force_simd_level, simd_level, SimdLevel};
+pub use common::{cpu_simd_level, force_simd_level, simd_level, SimdLevel};
 
 /// Every stock op (forward and backward), validated.
 pub fn registry() -> &'static Registry {

@@ -160,48 +160,41 @@ pub(crate) fn exp_minus<C: Real>(x: C, m: C) -> C {
     e + e * err
 }
 
-/// The row's maximum (NaN skipped) and whether every element is finite.
+/// The row's maximum (NaN skipped; -inf for a row of NaN and -inf).
 #[inline(always)]
-fn max_and_finite<C: Real>(a: &[C]) -> (C, bool) {
+fn row_max<C: Real>(a: &[C]) -> C {
     let mut acc = [C::neg_infinity(); ACC];
-    // x * 0 is 0 for finite x and NaN for NaN and infinities
-    let mut probe = [C::ZERO; ACC];
     let c = a.chunks_exact(ACC);
     let r = c.remainder();
     for x in c {
         for j in 0..ACC {
             acc[j] = if x[j] > acc[j] { x[j] } else { acc[j] };
-            probe[j] = probe[j] + x[j] * C::ZERO;
         }
     }
     for j in 0..r.len() {
         acc[j] = if r[j] > acc[j] { r[j] } else { acc[j] };
-        probe[j] = probe[j] + r[j] * C::ZERO;
     }
-    let m = acc
-        .iter()
-        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m });
-    (m, tree_sum(probe) == C::ZERO)
+    acc.iter()
+        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m })
 }
 
 /// `dst = softmax(src)`: max, then `exp(x - max)` stored and summed (fixed order, see
-/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes. A row of finite
-/// numbers takes `Real::exp_diff` (for f32 the fast [`crate::vmath::exp_diff_f32`]); a row
-/// with an infinity or a NaN the general [`exp_minus`], which gives those rows' NaNs and
-/// zeros.
+/// [`crate::common::ACC`]), then a division by the sum. Vectorised passes. With a finite
+/// maximum the row takes `Real::exp_diff` (for f32 the fast [`crate::vmath::exp_diff_f32`],
+/// which gives 0 for -inf elements); a row with a NaN (found on the way) or an infinite
+/// maximum the general [`exp_minus`], which gives those rows' NaNs.
 #[inline(always)]
 fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
-    let (m, finite) = max_and_finite(src);
-    if finite {
-        exp_sum_div::<C, true>(src, dst, m);
-    } else {
-        // a NaN anywhere makes the sum NaN, hence every output NaN
-        exp_sum_div::<C, false>(src, dst, m);
+    let m = row_max(src);
+    if m.is_finite() && exp_sum_div::<C, true>(src, dst, m) {
+        return;
     }
+    // a NaN anywhere makes the sum NaN, hence every output NaN
+    exp_sum_div::<C, false>(src, dst, m);
 }
 
-/// `e^(x - m)`: [`Real::exp_diff`] (`FINITE`: x and m finite) or [`exp_minus`]. (Plain
-/// functions, not closures: everything in the hot loop must inline into `with_simd`'s
+/// `e^(x - m)`: [`Real::exp_diff`] (`FINITE`: m finite, x finite or -inf) or [`exp_minus`].
+/// (Plain functions, not closures: everything in the hot loop must inline into `with_simd`'s
 /// AVX2+FMA body, or `mul_add` becomes a libm call.)
 #[inline(always)]
 fn exp_of<C: Real, const FINITE: bool>(x: C, m: C) -> C {
@@ -212,18 +205,26 @@ fn exp_of<C: Real, const FINITE: bool>(x: C, m: C) -> C {
     }
 }
 
+/// Whether `s` holds a NaN.
+#[inline(always)]
+fn has_nan<C: Real>(s: &[C]) -> bool {
+    s.iter().fold(false, |b, &x| b | Num::is_nan(x))
+}
+
 /// Elements per block of [`exp_sum_div`]'s sum: each of the [`ACC`] f32 partials adds 16
 /// terms, then goes into an f64 partial.
 const SUM_BLOCK: usize = 16 * ACC;
 
-/// `dst = e^(src - m)` (see [`exp_of`]), then `dst /= sum(dst)`. The sum has a fixed order (see
+/// `dst = e^(src - m)` (see [`exp_of`]), then `dst /= sum(dst)`; false (and `dst`
+/// unfinished) if `FINITE` and `src` holds a NaN, which only chunks off the fast path of
+/// [`Real::exp_diff_chunk`] can. The sum has a fixed order (see
 /// [`crate::common::ACC`]): within each block of [`SUM_BLOCK`] elements, element `i` goes into
 /// compute-type partial `i % ACC`; each block's partials are added into f64 partials, which
 /// are added in a fixed tree. So no partial adds more than 16 terms in the compute type and a
 /// long float32 row's sum stays within a few ulps (with 16 float32 partials over the whole
 /// row, a 65536-element row was 14 ulps off), at the speed of the float32 loop.
 #[inline(always)]
-fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
+fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) -> bool {
     let mut wide = [0.0f64; ACC];
     for (sb, db) in src.chunks(SUM_BLOCK).zip(dst.chunks_mut(SUM_BLOCK)) {
         let mut acc = [C::ZERO; ACC];
@@ -231,13 +232,24 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
         let rs = cs.remainder();
         let mut cd = cd;
         for (s, d) in cs.zip(&mut cd) {
+            let (s, d): (&[C; ACC], &mut [C; ACC]) = (s.try_into().unwrap(), d.try_into().unwrap());
+            if FINITE {
+                if !C::exp_diff_chunk(s, m, d) && has_nan(s) {
+                    return false;
+                }
+            } else {
+                for j in 0..ACC {
+                    d[j] = exp_minus(s[j], m);
+                }
+            }
             for j in 0..ACC {
-                let e = exp_of::<C, FINITE>(s[j], m);
-                d[j] = e;
-                acc[j] = acc[j] + e;
+                acc[j] = acc[j] + d[j];
             }
         }
         let rd = cd.into_remainder();
+        if FINITE && has_nan(rs) {
+            return false;
+        }
         for j in 0..rs.len() {
             let e = exp_of::<C, FINITE>(rs[j], m);
             rd[j] = e;
@@ -248,9 +260,22 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) {
         }
     }
     let sum = C::from_f64(tree_sum(wide));
-    for v in dst.iter_mut() {
-        *v = *v / sum;
+    if FINITE {
+        // sum in [1, n]: v / sum as v * (1 / sum) plus one FMA correction (Markstein: with
+        // the reciprocal correctly rounded, the corrected quotient is the correctly rounded
+        // v / sum for normal results; within a subnormal ulp below), cheaper than a division
+        let rcp = C::ONE / sum;
+        for v in dst.iter_mut() {
+            let q = *v * rcp;
+            let rem = (C::ZERO - q).mul_add(sum, *v);
+            *v = rem.mul_add(rcp, q);
+        }
+    } else {
+        for v in dst.iter_mut() {
+            *v = *v / sum;
+        }
     }
+    true
 }
 
 fn softmax_cpu(ctx: &mut KernelCtx) -> Result<()> {

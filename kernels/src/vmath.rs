@@ -30,7 +30,17 @@ const MAGIC: f32 = 12_582_912.0;
 #[inline(always)]
 fn exp_split(x: f32, lo: f32) -> (f32, f32, f32) {
     // (NaN passes through clamp)
-    let x = x.clamp(-110.0, 89.0);
+    let (p, ni) = exp_core(x.clamp(-110.0, 89.0), lo);
+    // n in [-159, 129]: both halves are normal powers of two
+    let h = ni >> 1;
+    let s1 = f32::from_bits((h.wrapping_add(127) as u32) << 23);
+    let s2 = f32::from_bits((ni.wrapping_sub(h).wrapping_add(127) as u32) << 23);
+    (p, s1, s2)
+}
+
+/// `exp(x + lo) = p * 2^n` for x in [-110, 89]: (p, n) (see [`exp_split`]).
+#[inline(always)]
+fn exp_core(x: f32, lo: f32) -> (f32, i32) {
     let k = x * LOG2E + MAGIC;
     let n = k - MAGIC;
     let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
@@ -43,11 +53,7 @@ fn exp_split(x: f32, lo: f32) -> (f32, f32, f32) {
         .mul_add(r, 1.666_666_5e-1)
         .mul_add(r, 5.000_000_1e-1);
     let p = p.mul_add(r2, r) + 1.0;
-    // n in [-159, 129]: both halves are normal powers of two
-    let h = ni >> 1;
-    let s1 = f32::from_bits((h.wrapping_add(127) as u32) << 23);
-    let s2 = f32::from_bits((ni.wrapping_sub(h).wrapping_add(127) as u32) << 23);
-    (p, s1, s2)
+    (p, ni)
 }
 
 /// `exp(x + lo)` where `lo` is a small correction to `x` (see [`exp_split`]).
@@ -96,6 +102,52 @@ pub fn exp_diff_f32(x: f32, m: f32) -> f32 {
     } else {
         0.0
     }
+}
+
+/// [`exp_diff_f32`] for `x - m >= -86` (the result is then normal): the same formula without
+/// the clamp, the final select and the two-half power of two (`p * 2^n` with one normal
+/// `2^n` is exact where the two halves were), so the same bits for those arguments.
+#[inline(always)]
+fn exp_diff_fast(x: f32, m: f32) -> f32 {
+    let d = x - m;
+    let bb = d - x;
+    let err = (x - (d - bb)) + (-m - bb);
+    let k = d.mul_add(LOG2E, MAGIC);
+    let n = k - MAGIC;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, d)) + err;
+    let p = 1.390_120_4e-3f32
+        .mul_add(r, 8.363_11e-3)
+        .mul_add(r, 4.166_685_4e-2)
+        .mul_add(r, 1.666_657_8e-1)
+        .mul_add(r, 0.5);
+    let p = (p * r).mul_add(r, r) + 1.0;
+    // n in [-125, 0]
+    let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
+}
+
+/// Lower bound of `x - m` for [`exp_diff_fast`].
+const EXP_FAST_MIN: f32 = -86.0;
+
+/// `d[j] = exp_diff_f32(s[j], m)`, bitwise; a chunk whose differences are all at least
+/// [`EXP_FAST_MIN`] (no subnormal or zero result, no NaN) takes [`exp_diff_fast`]; returns
+/// whether it did.
+#[inline(always)]
+pub fn exp_diff_chunk(s: &[f32; CHUNK], m: f32, d: &mut [f32; CHUNK]) -> bool {
+    let mut ok = true;
+    for &x in s {
+        ok &= x - m >= EXP_FAST_MIN;
+    }
+    if ok {
+        for j in 0..CHUNK {
+            d[j] = exp_diff_fast(s[j], m);
+        }
+    } else {
+        for j in 0..CHUNK {
+            d[j] = exp_diff_f32(s[j], m);
+        }
+    }
+    ok
 }
 
 /// tanh(x): an odd polynomial (Cephes' tanhf) for |x| < 0.625, else 1 - 2 / (e^{2|x|} + 1)
@@ -204,38 +256,151 @@ fn erfc_parts(xc: f32) -> (f64, f32, f32, f32) {
     (r, pe, s1, s2)
 }
 
-/// gelu(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), within 4 ulp over the whole f32 range.
-///
-/// For |x| < 1/sqrt 2: `0.5 x + 0.5 x * x P(x^2)`, P a relative-minimax fit of
-/// erf(x / sqrt 2) / x (degree 5 in x^2, 3e-8). Otherwise from erfc(|x| / sqrt 2) =
-/// e^(-x^2/2) R(t), t = 1 / (1 + ERFC_C |x|), R a relative-minimax fit of erfcx (degree 9,
-/// 1.6e-9, evaluated in f64): `x - 0.5 x erfc` for x > 0, and `0.5 x erfc` for x < 0,
-/// never `1 + erf` (which cancels in the negative tail). `-x^2/2` goes into exp exactly (x^2
-/// as a rounded square plus its FMA remainder), and the power of two of e^(-x^2/2) is applied
-/// last so a subnormal result rounds once. Beyond |x| = 14.6 the tail is below the smallest
-/// subnormal: -0 for x < -14.6 (-inf included), x itself for x > 14.6.
+/// Bound of [`gelu_erf_mid`]'s range: |x| <= GELU_MID (99.99% of standard normal inputs).
+pub const GELU_MID: f32 = 4.0;
+
+/// `0.5 erfcx(a / sqrt 2) e^(a/2)` for a in [0, 4] as a polynomial in `a - 2` (degree 12,
+/// relative error 2e-8 with these f32 coefficients, fitted with each coefficient rounded to f32
+/// in turn). The factor e^(a/2) flattens erfcx (0.43..0.70 instead of 0.12..0.5), so the f32
+/// Horner evaluation loses less than an ulp.
+const GM_S: [f32; 13] = [
+    0.456_948_6,
+    0.057_933_99,
+    0.029_782_379,
+    -0.001_054_970_2,
+    0.001_138_371_4,
+    -2.065_128_5e-4,
+    5.621_376e-5,
+    -1.290_100_6e-5,
+    3.054_576e-6,
+    -5.391_748e-7,
+    8.214_985e-8,
+    -4.377_536_6e-8,
+    1.145_693_8e-8,
+];
+
+/// gelu(x) for |x| <= [`GELU_MID`] (no meaning outside; NaN not handled), all in f32 with no
+/// division: with a = |x|, h = 0.5 a erfc(a / sqrt 2) = a e^(-a^2/2 - a/2) S(a), and
+/// gelu(x) = x - h for x >= 0, -h for x < 0 (neither cancels). The exponent -a^2/2 - a/2
+/// is carried exactly (a^2 as a rounded square plus its FMA remainder, the sum as a two-sum),
+/// `a S(a)` multiplies `1 + (e^r - 1)` in one FMA, and the power of two is exact (the result
+/// is normal or, for tiny a, n = 0). Within 2.4 ulp (tests).
 #[inline(always)]
-pub fn gelu_erf_f32(x: f32) -> f32 {
-    let x2 = x * x;
-    let p = (-1.699_885_8e-5f32)
-        .mul_add(x2, 2.298_230_7e-4)
-        .mul_add(x2, -2.374_386_6e-3)
-        .mul_add(x2, 1.994_708_2e-2)
-        .mul_add(x2, -1.329_807_6e-1)
-        .mul_add(x2, 7.978_845_8e-1);
-    let hx = 0.5 * x;
-    // 0.5 x (1 + erf) has the sign of x (also for -0.0, which the FMA would make +0.0)
-    let small = (x * p).mul_add(hx, hx).copysign(x);
+pub fn gelu_erf_mid(x: f32) -> f32 {
+    let a = x.abs();
+    let q = a * a;
+    let ql = a.mul_add(a, -q);
+    // s + err = -a^2/2 - a/2 (exact two-sum of two exact halves), lo adds -ql/2
+    let (x1, x2) = (-0.5 * q, -0.5 * a);
+    let s = x1 + x2;
+    let bb = s - x1;
+    let err = (x1 - (s - bb)) + (x2 - bb);
+    let lo = ql.mul_add(-0.5, err);
+    let k = s.mul_add(LOG2E, MAGIC);
+    let n = k - MAGIC;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, s)) + lo;
+    let r2 = r * r;
+    let p = 1.987_569_1e-4f32
+        .mul_add(r, 1.398_199_9e-3)
+        .mul_add(r, 8.333_452e-3)
+        .mul_add(r, 4.166_579_6e-2)
+        .mul_add(r, 1.666_666_5e-1)
+        .mul_add(r, 5.000_000_1e-1);
+    // e^r - 1
+    let em1 = p.mul_add(r2, r);
+    let u = a - 2.0;
+    let mut sp = GM_S[12];
+    let mut i = 12;
+    while i > 0 {
+        i -= 1;
+        sp = sp.mul_add(u, GM_S[i]);
+    }
+    let y = a * sp;
+    // n in [-12, 0]: 2^n is a normal power of two
+    let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let scale = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
+    let h = y.mul_add(em1, y) * scale;
+    // -0.0 >= 0: -0.0 - 0.0 = -0.0 keeps the sign of a zero
+    if x >= 0.0 {
+        x - h
+    } else {
+        -h
+    }
+}
+
+/// gelu(x) for |x| > [`GELU_MID`] (and NaN, infinities): see [`gelu_erf_f32`].
+#[inline(always)]
+fn gelu_erf_tail(x: f32) -> f32 {
     let xc = x.clamp(-14.6, 14.6);
     let (r, pe, s1, s2) = erfc_parts(xc);
     // 0.5 x erfc(|x| / sqrt 2)
     let e = ((0.5 * xc) as f64 * r * pe as f64) as f32 * s1 * s2;
-    if x.abs() < std::f32::consts::FRAC_1_SQRT_2 {
-        small
-    } else if x > 0.0 {
+    if x > 0.0 {
         x - e
     } else {
         e
+    }
+}
+
+/// gelu(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), within 4 ulp over the whole f32 range.
+///
+/// For |x| <= [`GELU_MID`], [`gelu_erf_mid`] (f32 only, no division). Beyond, from
+/// erfc(|x| / sqrt 2) = e^(-x^2/2) R(t), t = 1 / (1 + ERFC_C |x|), R a relative-minimax fit of
+/// erfcx (degree 9, 1.6e-9, evaluated in f64): `x - 0.5 x erfc` for x > 0, and `0.5 x erfc`
+/// for x < 0, never `1 + erf` (which cancels in the negative tail). `-x^2/2` goes into exp
+/// exactly (x^2 as a rounded square plus its FMA remainder), and the power of two of
+/// e^(-x^2/2) is applied last so a subnormal result rounds once. Beyond |x| = 14.6 the tail is
+/// below the smallest subnormal: -0 for x < -14.6 (-inf included), x itself for x > 14.6.
+///
+/// Both are computed and one selected per element, so [`gelu_erf_slice`] may skip the tail
+/// for chunks with no tail element and give the same bits.
+#[inline(always)]
+pub fn gelu_erf_f32(x: f32) -> f32 {
+    let mid = gelu_erf_mid(x);
+    let tail = gelu_erf_tail(x);
+    if x.abs() <= GELU_MID {
+        mid
+    } else {
+        tail
+    }
+}
+
+/// Elements per chunk of the slice functions' fast-path test (one AVX-512 or two AVX2
+/// vectors); a chunk takes the fast path only when every element allows it.
+pub const CHUNK: usize = 16;
+
+/// Whether every element of `c` satisfies `|x| <= bound` (false for NaN), without branches.
+#[inline(always)]
+fn all_within(c: &[f32; CHUNK], bound: f32) -> bool {
+    let mut ok = true;
+    for &x in c {
+        ok &= x.abs() <= bound;
+    }
+    ok
+}
+
+/// `dst[i] = gelu_erf_f32(src[i])`, bitwise: chunks whose elements are all within
+/// [`GELU_MID`] compute only [`gelu_erf_mid`], which is what [`gelu_erf_f32`] selects for them.
+#[inline(always)]
+pub fn gelu_erf_slice(src: &[f32], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let (src, dst) = (&src[..n], &mut dst[..n]);
+    let mut cs = src.chunks_exact(CHUNK);
+    let mut cd = dst.chunks_exact_mut(CHUNK);
+    for (s, d) in (&mut cs).zip(&mut cd) {
+        let s: &[f32; CHUNK] = s.try_into().unwrap();
+        if all_within(s, GELU_MID) {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = gelu_erf_mid(x);
+            }
+        } else {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = gelu_erf_f32(x);
+            }
+        }
+    }
+    for (o, &x) in cd.into_remainder().iter_mut().zip(cs.remainder()) {
+        *o = gelu_erf_f32(x);
     }
 }
 
@@ -251,10 +416,22 @@ const GT_B: (f32, f32) = (7.135_481_4e-2, 2.398_832_5e-9);
 /// error in w by |w| (up to ~100 before the result underflows), so w = x (A + B x^2) is carried
 /// as a pair of f32 (hi + lo, error-free products and sums with FMA); the power of two of e is
 /// applied last in the negative tail so a subnormal result rounds once. |x| is clamped at 20,
-/// where the result is x itself or -0.
+/// where the result is x itself or -0. One division serves both signs.
 #[inline(always)]
 pub fn gelu_tanh_f32(x: f32) -> f32 {
-    let xc = x.clamp(-20.0, 20.0);
+    gelu_tanh_core::<false>(x)
+}
+
+/// Bound of the tanh form's fast path: for |x| <= 8, e^(-|w|) >= e^-50 and the result are
+/// normal.
+pub const GELU_TANH_MID: f32 = 8.0;
+
+/// [`gelu_tanh_f32`] (`FAST` false), or for |x| <= [`GELU_TANH_MID`] the same formula with no
+/// clamps and one normal power of two instead of two halves (`FAST` true): every product
+/// with the power of two is exact there, so the bits are the same.
+#[inline(always)]
+fn gelu_tanh_core<const FAST: bool>(x: f32) -> f32 {
+    let xc = if FAST { x } else { x.clamp(-20.0, 20.0) };
     let x2 = xc * xc;
     let x2l = xc.mul_add(xc, -x2);
     // B x^2 = bh + bl
@@ -269,12 +446,43 @@ pub fn gelu_tanh_f32(x: f32) -> f32 {
     let wl = xc.mul_add(qh, -wh) + xc * ql;
     let pos = wh >= 0.0;
     let (nh, nl) = if pos { (-wh, -wl) } else { (wh, wl) };
-    let (pe, s1, s2) = exp_split(nh, nl);
-    let d = 1.0 + pe * s1 * s2;
-    if pos {
-        x / d
+    let (pe, s1, s2) = if FAST {
+        let (pe, ni) = exp_core(nh, nl);
+        (pe, f32::from_bits((ni.wrapping_add(127) as u32) << 23), 1.0)
     } else {
-        (xc * pe / d) * s1 * s2
+        exp_split(nh, nl)
+    };
+    let d = 1.0 + pe * s1 * s2;
+    let q = if pos { x } else { xc * pe } / d;
+    if pos {
+        q
+    } else {
+        q * s1 * s2
+    }
+}
+
+/// `dst[i] = gelu_tanh_f32(src[i])`, bitwise: chunks whose elements are all within
+/// [`GELU_TANH_MID`] take the fast form of [`gelu_tanh_core`].
+#[inline(always)]
+pub fn gelu_tanh_slice(src: &[f32], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let (src, dst) = (&src[..n], &mut dst[..n]);
+    let mut cs = src.chunks_exact(CHUNK);
+    let mut cd = dst.chunks_exact_mut(CHUNK);
+    for (s, d) in (&mut cs).zip(&mut cd) {
+        let s: &[f32; CHUNK] = s.try_into().unwrap();
+        if all_within(s, GELU_TANH_MID) {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = gelu_tanh_core::<true>(x);
+            }
+        } else {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = gelu_tanh_core::<false>(x);
+            }
+        }
+    }
+    for (o, &x) in cd.into_remainder().iter_mut().zip(cs.remainder()) {
+        *o = gelu_tanh_f32(x);
     }
 }
 
@@ -499,6 +707,79 @@ mod tests {
                 "gelu tanh({x}) = {g}, want {w:e}"
             );
             assert!(ulps(g, w) <= 4.0, "gelu tanh({x}) = {g:e}, want {w:e}");
+        }
+    }
+
+    #[test]
+    fn gelu_erf_mid_range_dense() {
+        // every f32 in [-4, 4] whose bits are a multiple of 7 (~300M inputs), the range the
+        // fast path covers (the whole-range sweep above steps too coarsely for it alone)
+        let (u, x) = max_ulps(-GELU_MID, GELU_MID, 7, gelu_erf_mid, gelu_erf_ref);
+        eprintln!("gelu erf, |x| <= {GELU_MID}: max {u} ulp (at {x:e})");
+        assert!(u <= 4.0, "gelu erf mid: {u} ulp at {x:e}");
+    }
+
+    /// Inputs that mix the fast and the general paths within and across chunks: normal
+    /// values, the bounds, tails, zeros, subnormals, infinities, NaN.
+    fn mixed_inputs() -> Vec<f32> {
+        let mut v: Vec<f32> = (0..4096)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 20001) as f32 / 1000.0 - 10.0)
+            .collect();
+        let specials = [
+            0.0,
+            -0.0,
+            GELU_MID,
+            -GELU_MID,
+            f32::from_bits(GELU_MID.to_bits() + 1),
+            -f32::from_bits(GELU_MID.to_bits() + 1),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(1),
+            -f32::from_bits(1),
+            f32::MIN_POSITIVE,
+            -14.2,
+            30.0,
+            -1e30,
+        ];
+        for (i, &x) in specials.iter().enumerate() {
+            v[37 * i + 5] = x;
+        }
+        // whole chunks within the fast range too
+        v.extend((0..256).map(|i| (i as f32 - 128.0) / 33.0));
+        v
+    }
+
+    #[test]
+    fn slice_and_chunk_fast_paths_give_the_elementwise_bits() {
+        let xs = mixed_inputs();
+        for len in [xs.len(), 1000, 17, 3] {
+            let mut d = vec![0.0f32; len];
+            crate::common::with_simd(
+                #[inline(always)]
+                || gelu_erf_slice(&xs[..len], &mut d),
+            );
+            for (o, &x) in d.iter().zip(&xs) {
+                assert_eq!(o.to_bits(), gelu_erf_f32(x).to_bits(), "gelu erf({x})");
+            }
+            gelu_tanh_slice(&xs[..len], &mut d);
+            for (o, &x) in d.iter().zip(&xs) {
+                assert_eq!(o.to_bits(), gelu_tanh_f32(x).to_bits(), "gelu tanh({x})");
+            }
+        }
+        // softmax's exp: finite x <= m, differences on both sides of the fast bound
+        for m in [0.0f32, 3.5, 80.0, -1e4] {
+            let xs: Vec<f32> = (0..4096)
+                .map(|i| m - ((i as u32).wrapping_mul(2_654_435_761) % 120_001) as f32 / 1000.0)
+                .collect();
+            for c in xs.chunks_exact(CHUNK) {
+                let c: &[f32; CHUNK] = c.try_into().unwrap();
+                let mut d = [0.0f32; CHUNK];
+                exp_diff_chunk(c, m, &mut d);
+                for (o, &x) in d.iter().zip(c) {
+                    assert_eq!(o.to_bits(), exp_diff_f32(x, m).to_bits(), "e^({x} - {m})");
+                }
+            }
         }
     }
 

@@ -150,6 +150,44 @@ fn softmax_extreme_values() {
 }
 
 #[test]
+fn softmax_nan_and_infinities_anywhere_in_a_row() {
+    // a NaN in a chunk that would take the fast exp, in a slow one, or in the remainder makes
+    // the whole row NaN; -inf elements give 0 and leave the rest exact; +inf rows are NaN
+    // where they hold more than one +inf (inf - inf) and one-hot otherwise
+    let mut rng = XRng::new(77);
+    for dt in [DType::F32, DType::F64] {
+        for n in [1024usize, 1000, 37] {
+            for pos in [3usize, n / 2, n - 1] {
+                let base = rng.vec(n, -5.0, 5.0);
+                let mut v = base.clone();
+                v[pos] = f64::NAN;
+                let r = vals(&run_ok("softmax", &[&tensor(&v, &[n], dt)], &[])[0]);
+                assert!(r.iter().all(|x| x.is_nan()), "NaN at {pos} of {n} ({dt})");
+                let mut v = base.clone();
+                v[pos] = f64::NEG_INFINITY;
+                // (a subnormal probability in float32; the plain f64 reference is exact
+                // enough only for float32 results)
+                v[0] = -100.0;
+                let r = vals(&run_ok("softmax", &[&tensor(&v, &[n], dt)], &[])[0]);
+                assert_eq!(r[pos], 0.0);
+                if dt == DType::F32 {
+                    let want = softmax_ref(&rounded(&v, dt));
+                    assert_close(&r, &want, dt, &format!("softmax -inf at {pos} of {n}"));
+                }
+                let mut v = base.clone();
+                v[pos] = f64::INFINITY;
+                let r = vals(&run_ok("softmax", &[&tensor(&v, &[n], dt)], &[])[0]);
+                assert!(
+                    r[pos].is_nan() || r[pos] == 1.0,
+                    "+inf at {pos}: {}",
+                    r[pos]
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn softmax_rank0_empty_and_errors() {
     let x = f64t(&[5.0], &[]);
     let r = run_ok("softmax", &[&x], &[]);
