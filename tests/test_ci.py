@@ -68,3 +68,17 @@ def test_a_warm_cache_is_kept_when_a_warm_run_fits(tmp_path):
     (cache / "target").mkdir(parents=True)
     out = _ci(tmp_path, f"POLYOP_CI_CACHE={cache} POLYOP_CI_FREE_GB=20 ensure_disk 32 16 && echo ROOM")
     assert "ROOM" in out and "deleting" not in out and cache.exists(), out
+
+
+def test_every_committed_lockfile_is_current():
+    # A workspace dependency added without refreshing an example's Cargo.lock makes cargo
+    # rewrite it during the tests: the authoring tests' content hash then changes under them
+    # (a clean CI run failed so). `cargo metadata --locked` refuses a lockfile it would change.
+    locks = subprocess.run(["git", "ls-files", "*Cargo.lock"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert "examples/guide/Cargo.lock" in locks, locks
+    for lock in locks:
+        d = REPO / Path(lock).parent
+        p = subprocess.run(["cargo", "metadata", "--format-version", "1", "--locked", "--offline"], cwd=d,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"{lock} is stale (run cargo metadata in {d.relative_to(REPO)}):\n{p.stderr[-1500:]}"
