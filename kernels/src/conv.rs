@@ -811,9 +811,11 @@ unsafe fn tile_f32(
     n: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2Fma {
-        // SAFETY: the CPU has AVX2 and FMA (`simd_level` checked it); the pointer contract is
-        // the caller's, the same as this function's.
+    // (the AVX-512 level runs this AVX2 tile too: every level above the baseline has AVX2+FMA)
+    if matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512) {
+        // SAFETY: the CPU has AVX2 and FMA (`simd_level` reports no level the CPU lacks, and
+        // both levels matched include AVX2 and FMA); the pointer contract is the caller's, the
+        // same as this function's.
         unsafe {
             match (n == NR, mr) {
                 (true, 1) => tile_avx2::<true, 1>(k, a, b, ldb, c, ldc, bias, first, mr, n),
