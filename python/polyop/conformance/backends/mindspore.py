@@ -18,6 +18,7 @@ shape) runs in PyNative mode through polyop's core and is refused inside graphs.
 from __future__ import annotations
 
 import mindspore as ms
+import ml_dtypes
 import numpy as np
 
 import polyop
@@ -33,10 +34,10 @@ def _to_ms(x):
 
 
 def _to_np(t):
-    # MindSpore has its own bfloat16 NumPy type besides ml_dtypes'; viewed as the one NumPy
-    # resolves the name to, which is what polyop.run returns (it asks NumPy by name)
+    # MindSpore has its own bfloat16 NumPy type besides ml_dtypes'; viewed as ml_dtypes', which
+    # is what polyop.run returns (the bitwise comparison wants one dtype on both sides)
     a = t.asnumpy()
-    return a.view(np.dtype("bfloat16")) if a.dtype.name == "bfloat16" else a
+    return a.view(ml_dtypes.bfloat16) if a.dtype.name == "bfloat16" else a
 
 
 def _present(case: Case):
