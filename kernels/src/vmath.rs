@@ -379,29 +379,45 @@ fn all_within(c: &[f32; CHUNK], bound: f32) -> bool {
     ok
 }
 
-/// `dst[i] = gelu_erf_f32(src[i])`, bitwise: chunks whose elements are all within
-/// [`GELU_MID`] compute only [`gelu_erf_mid`], which is what [`gelu_erf_f32`] selects for them.
+/// `dst[i] = fast(src[i])` for chunks whose elements are all within `bound` (|x| <= bound),
+/// `general(src[i])` elsewhere and for the tail. Bitwise the same as `general` everywhere
+/// exactly when `fast` computes, for |x| <= bound, what `general` selects there: the chunk test
+/// only skips work. `fast` and `general` must be `#[inline(always)]` functions or closures
+/// (see `common::with_simd`).
 #[inline(always)]
-pub fn gelu_erf_slice(src: &[f32], dst: &mut [f32]) {
+fn chunked_select(
+    src: &[f32],
+    dst: &mut [f32],
+    bound: f32,
+    fast: impl Fn(f32) -> f32,
+    general: impl Fn(f32) -> f32,
+) {
     let n = src.len().min(dst.len());
     let (src, dst) = (&src[..n], &mut dst[..n]);
     let mut cs = src.chunks_exact(CHUNK);
     let mut cd = dst.chunks_exact_mut(CHUNK);
     for (s, d) in (&mut cs).zip(&mut cd) {
         let s: &[f32; CHUNK] = s.try_into().unwrap();
-        if all_within(s, GELU_MID) {
+        if all_within(s, bound) {
             for (o, &x) in d.iter_mut().zip(s) {
-                *o = gelu_erf_mid(x);
+                *o = fast(x);
             }
         } else {
             for (o, &x) in d.iter_mut().zip(s) {
-                *o = gelu_erf_f32(x);
+                *o = general(x);
             }
         }
     }
     for (o, &x) in cd.into_remainder().iter_mut().zip(cs.remainder()) {
-        *o = gelu_erf_f32(x);
+        *o = general(x);
     }
+}
+
+/// `dst[i] = gelu_erf_f32(src[i])`, bitwise: chunks whose elements are all within
+/// [`GELU_MID`] compute only [`gelu_erf_mid`], which is what [`gelu_erf_f32`] selects for them.
+#[inline(always)]
+pub fn gelu_erf_slice(src: &[f32], dst: &mut [f32]) {
+    chunked_select(src, dst, GELU_MID, gelu_erf_mid, gelu_erf_f32)
 }
 
 /// 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715, each as an f32 pair hi + lo.
@@ -465,25 +481,13 @@ fn gelu_tanh_core<const FAST: bool>(x: f32) -> f32 {
 /// [`GELU_TANH_MID`] take the fast form of [`gelu_tanh_core`].
 #[inline(always)]
 pub fn gelu_tanh_slice(src: &[f32], dst: &mut [f32]) {
-    let n = src.len().min(dst.len());
-    let (src, dst) = (&src[..n], &mut dst[..n]);
-    let mut cs = src.chunks_exact(CHUNK);
-    let mut cd = dst.chunks_exact_mut(CHUNK);
-    for (s, d) in (&mut cs).zip(&mut cd) {
-        let s: &[f32; CHUNK] = s.try_into().unwrap();
-        if all_within(s, GELU_TANH_MID) {
-            for (o, &x) in d.iter_mut().zip(s) {
-                *o = gelu_tanh_core::<true>(x);
-            }
-        } else {
-            for (o, &x) in d.iter_mut().zip(s) {
-                *o = gelu_tanh_core::<false>(x);
-            }
-        }
-    }
-    for (o, &x) in cd.into_remainder().iter_mut().zip(cs.remainder()) {
-        *o = gelu_tanh_f32(x);
-    }
+    chunked_select(
+        src,
+        dst,
+        GELU_TANH_MID,
+        gelu_tanh_core::<true>,
+        gelu_tanh_core::<false>,
+    )
 }
 
 #[cfg(test)]
