@@ -960,8 +960,9 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
 
 /// conv2d for the types computed in f32 (f32, f16, bf16): im2col of a block of output
 /// positions into a task-local buffer (L2-sized), multiplied by the weights packed once into
-/// `MR`-row panels, tile by tile ([`tile_f32`]). Tasks are (image, group, position block);
-/// each output is one fma chain in a fixed order, so nothing depends on the partition or the
+/// `MR`-row panels, tile by tile ([`tile_f32`]). Tasks are (image, group, position block),
+/// split over ranges of output-channel panels when they are fewer than the threads; each
+/// output is one fma chain in a fixed order, so nothing depends on the partition or the
 /// thread count. An f32 input and output are used in place, without conversion copies.
 fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     let (inputs, pool) = (ctx.inputs, ctx.pool);
@@ -1024,10 +1025,26 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
     // KiB) stays in L1 while every output-channel panel uses it
     let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
-    parallel_for(pool, g.n * g.g * blocks, 1, |range| {
+    // Fewer (image, group, block) tasks than threads (one image of a deep layer: 7x7 positions,
+    // one block): each is split further over ranges of output-channel panels, every task then
+    // filling the same im2col block for its panels (the copy is ~1/og of the multiply-adds).
+    // An output's chain is the same whichever task computes it, so results do not change.
+    let base = g.n * g.g * blocks;
+    let splits = if base >= pool.num_threads() {
+        1
+    } else {
+        pool.num_threads().div_ceil(base).clamp(1, panels.max(1))
+    };
+    let per = panels.div_ceil(splits).max(1);
+    parallel_for(pool, base * splits, 1, |range| {
         let mut col = vec![0f32; ckk * ld];
         for t in range {
-            let (img, grp, b) = (t / (g.g * blocks), (t / blocks) % g.g, t % blocks);
+            let (bt, sp) = (t / splits, t % splits);
+            let panel_range = sp * per..((sp + 1) * per).min(panels);
+            if panel_range.is_empty() {
+                continue;
+            }
+            let (img, grp, b) = (bt / (g.g * blocks), (bt / blocks) % g.g, bt % blocks);
             let (p0, p1) = (b * pb, ((b + 1) * pb).min(pos));
             let width = p1 - p0;
             g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
@@ -1035,7 +1052,7 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
                 let k = kc.min(ckk - l0);
                 for j0 in (0..width).step_by(NR) {
                     let n = NR.min(width - j0);
-                    for pi in 0..panels {
+                    for pi in panel_range.clone() {
                         let oc0 = grp * og + pi * MR;
                         let mr = MR.min(og - pi * MR);
                         // SAFETY: `col` holds ckk rows of stride ld >= pb, of which rows l0..l0 + k
@@ -1044,10 +1061,10 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
                         // l0 + k of it are read, and its bias MR, inside `wp` / `bp`; the
                         // destination rows oc0..oc0 + mr (< o: the group's channels) at
                         // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
-                        // pos output (checked above), and only task t touches that block of
-                        // image img, group grp, positions p0..p1 (written by the l0 == 0 tile
-                        // before later ones read it); the output is neither the input nor a
-                        // task buffer.
+                        // pos output (checked above), and only task t touches those rows
+                        // (its panels) of that block of image img, group grp, positions
+                        // p0..p1 (written by the l0 == 0 tile before later ones read it); the
+                        // output is neither the input nor a task buffer.
                         unsafe {
                             tile_f32(
                                 k,
