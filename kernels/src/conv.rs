@@ -2,8 +2,8 @@
 //! and dilation, grouped and depthwise) and its backward.
 //!
 //! Forward in f32, f16 and bf16 (half types are converted to f32 first and rounded once at the
-//! end): im2col of an L2-sized block of output positions, multiplied by the weights packed
-//! once into 6-row panels with an AVX2+FMA 6x16 micro-kernel of our own ([`tile_f32`]); each
+//! end): im2col of an L2-sized block of output positions, multiplied by the weights read in
+//! place (6 rows at a time) with an AVX2+FMA 6x16 micro-kernel of our own ([`tile_f32`]); each
 //! output is one chain of fused multiply-adds from its bias over its kernel rows in order, so
 //! results depend on nothing but the inputs (tiling, thread count, SIMD level). Tasks are
 //! (image, group, position block). Forward in f64 and the backward: im2col + `gemm`, one GEMM
@@ -783,16 +783,19 @@ fn f32_pos_block(ckk: usize) -> usize {
 }
 
 /// One tile of the f32 path: for rows `r < mr` and columns `j < n`,
-/// `c[r * ldc + j] = fma(a[(k-1) * MR + r], b[(k-1) * ldb + j], ... fma(a[r], b[j], s))`
+/// `c[r * ldc + j] = fma(a[r * lda + k-1], b[(k-1) * ldb + j], ... fma(a[r * lda], b[j], s))`
 /// with `s = bias[r]` when `first`, else the value `c[r * ldc + j]` holds (a previous tile's
 /// result over the preceding kernel rows): every output is one chain of fused multiply-adds
 /// over all its kernel rows in order, starting at its bias, whatever the tiles, the blocks or
 /// the thread — and the same chain at every SIMD level (the AVX2 `vfmadd` and `f32::mul_add`
-/// are both the correctly rounded fusedMultiplyAdd). `a` is an `MR`-row panel packed
-/// `[k][MR]`, `b` a `k x n` panel with row stride `ldb`.
+/// are both the correctly rounded fusedMultiplyAdd). `a` is `mr` weight rows read in place
+/// (row stride `lda`: a layer's `[O, C/g, KH, KW]` weight as it is, no packed copy: packing a
+/// deep layer's weights on every call cost more than its multiply-adds at 7x7 positions), `b`
+/// a `k x n` panel with row stride `ldb`.
 ///
 /// # Safety
-/// `a` must be valid for `k * MR` reads, `bias` for `MR`, `b` for reads of `b[l * ldb + j]`
+/// `a` must be valid for reads of `a[r * lda + l]` (`r < mr`, `l < k`), `bias` for `MR` reads,
+/// `b` for reads of `b[l * ldb + j]`
 /// (`l < k`, `j < n`), `c` for reads (unless `first`) and writes of `c[r * ldc + j]`
 /// (`r < mr`, `j < n`) that no other thread touches and that overlap no input; `mr <= MR`,
 /// `n <= NR`.
@@ -801,6 +804,7 @@ fn f32_pos_block(ckk: usize) -> usize {
 unsafe fn tile_f32(
     k: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     ldb: usize,
     c: *mut f32,
@@ -818,11 +822,13 @@ unsafe fn tile_f32(
         // same as this function's.
         unsafe {
             match (n == NR, mr) {
-                (true, 1) => tile_avx2::<true, 1>(k, a, b, ldb, c, ldc, bias, first, mr, n),
-                (true, 2..=3) => tile_avx2::<true, 3>(k, a, b, ldb, c, ldc, bias, first, mr, n),
-                (true, _) => tile_avx2::<true, MR>(k, a, b, ldb, c, ldc, bias, first, mr, n),
-                (false, 1) => tile_avx2::<false, 1>(k, a, b, ldb, c, ldc, bias, first, mr, n),
-                (false, _) => tile_avx2::<false, MR>(k, a, b, ldb, c, ldc, bias, first, mr, n),
+                (true, 1) => tile_avx2::<true, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
+                (true, 2..=3) => {
+                    tile_avx2::<true, 3>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
+                (true, _) => tile_avx2::<true, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
+                (false, 1) => tile_avx2::<false, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
+                (false, _) => tile_avx2::<false, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
             }
         }
         return;
@@ -838,9 +844,9 @@ unsafe fn tile_f32(
         }
     }
     for l in 0..k {
-        for (r, row) in acc.iter_mut().enumerate() {
-            // SAFETY: l < k and r < MR: inside the packed panel `a` (caller's contract).
-            let av = unsafe { *a.add(l * MR + r) };
+        for (r, row) in acc[..mr].iter_mut().enumerate() {
+            // SAFETY: l < k and r < mr: inside the weight rows `a` (caller's contract).
+            let av = unsafe { *a.add(r * lda + l) };
             for (j, v) in row[..n].iter_mut().enumerate() {
                 // SAFETY: l < k, j < n: inside `b` (caller's contract).
                 *v = av.mul_add(unsafe { *b.add(l * ldb + j) }, *v);
@@ -854,7 +860,8 @@ unsafe fn tile_f32(
 }
 
 /// [`tile_f32`] in AVX2 + FMA: `2 * ROWS` accumulators of 8 lanes (`ROWS` rows x two
-/// vectors), the weights broadcast from the packed panel (row stride `MR`). `ROWS` below `MR`
+/// vectors), the weights broadcast from `ROWS` row pointers (rows from `mr` on repeat row
+/// `mr - 1`: computed, never stored, never read past the weights). `ROWS` below `MR`
 /// computes only the panel's first rows (a depthwise convolution's panels have one): the
 /// same chains, fewer wasted lanes. `FULL`: `n == NR`; otherwise `b` is read and `c` written
 /// through lane masks, so nothing past column `n` is touched.
@@ -867,6 +874,7 @@ unsafe fn tile_f32(
 unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
     k: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
     ldb: usize,
     c: *mut f32,
@@ -920,10 +928,12 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
             }
         }
     }
-    let (mut ap, mut bp) = (a, b);
-    for _ in 0..k {
+    // SAFETY: min(r, mr - 1) < mr: the start of a weight row (caller's contract); mr >= 1.
+    let rows: [*const f32; ROWS] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
+    let mut bp = b;
+    for l in 0..k {
         // SAFETY: `bp` is row l < k of `b`: NR (FULL) or, through the masks, n valid
-        // elements; `ap` is row l of the packed panel, MR valid elements (caller's contract).
+        // elements; `rows[r] + l` is element l < k of a weight row (caller's contract).
         unsafe {
             let (b0, b1) = if FULL {
                 (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
@@ -933,12 +943,11 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
                     _mm256_maskload_ps(bp.add(8), m1),
                 )
             };
-            for r in 0..ROWS {
-                let av = _mm256_broadcast_ss(&*ap.add(r));
+            for (r, row) in rows.iter().enumerate() {
+                let av = _mm256_broadcast_ss(&*row.add(l));
                 acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
                 acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
             }
-            ap = ap.add(MR);
             bp = bp.add(ldb);
         }
     }
@@ -959,8 +968,8 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
 }
 
 /// conv2d for the types computed in f32 (f32, f16, bf16): im2col of a block of output
-/// positions into a task-local buffer (L2-sized), multiplied by the weights packed once into
-/// `MR`-row panels, tile by tile ([`tile_f32`]). Tasks are (image, group, position block),
+/// positions into a task-local buffer (L2-sized), multiplied by the weights in place, `MR`
+/// rows (output channels) at a time, tile by tile ([`tile_f32`]). Tasks are (image, group, position block),
 /// split over ranges of output-channel panels when they are fewer than the threads; each
 /// output is one fma chain in a fixed order, so nothing depends on the partition or the
 /// thread count. An f32 input and output are used in place, without conversion copies.
@@ -983,7 +992,15 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
             &xconv
         }
     };
-    let wc = to_c::<T>(wt)?;
+    let ws = wt.contiguous::<T>()?;
+    let wconv;
+    let wc: &[f32] = match T::as_c(&ws) {
+        Some(s) => s,
+        None => {
+            wconv = to_c::<T>(wt)?;
+            &wconv
+        }
+    };
     let bc = match bias {
         Some(b) => to_c::<T>(b)?,
         None => vec![0f32; g.o],
@@ -993,19 +1010,13 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     Geom::check_len("weight", wc.len(), g.o * ckk)?;
     Geom::check_len("output", out.len(), g.n * g.o * pos)?;
     Geom::check_len("bias", bc.len(), g.o)?;
-    // weights packed per group into panels of MR output channels, [panel][ckk][MR], rows past
-    // the group's last channel zero (computed, never stored); the bias likewise, [panel][MR]
+    // panels of MR output channels per group; the bias per panel, [panel][MR], entries past
+    // the group's last channel zero (computed, never stored)
     let panels = og.div_ceil(MR);
-    let mut wp = vec![0f32; g.g * panels * ckk * MR];
     let mut bp = vec![0f32; g.g * panels * MR];
     for grp in 0..g.g {
         for oc in 0..og {
-            let (pi, r) = (grp * panels + oc / MR, oc % MR);
-            let row = &wc[(grp * og + oc) * ckk..(grp * og + oc + 1) * ckk];
-            for (l, &v) in row.iter().enumerate() {
-                wp[(pi * ckk + l) * MR + r] = v;
-            }
-            bp[pi * MR + r] = bc[grp * og + oc];
+            bp[(grp * panels + oc / MR) * MR + oc % MR] = bc[grp * og + oc];
         }
     }
     let mut res = match T::as_c_mut(out) {
@@ -1057,8 +1068,9 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
                         let mr = MR.min(og - pi * MR);
                         // SAFETY: `col` holds ckk rows of stride ld >= pb, of which rows l0..l0 + k
                         // (<= ckk), columns j0..j0 + n (<= width <= pb) are read, just filled;
-                        // the packed panel grp * panels + pi has ckk * MR elements, rows l0..
-                        // l0 + k of it are read, and its bias MR, inside `wp` / `bp`; the
+                        // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
+                        // of each, are read (inside the o * ckk `wc`, checked above), and the
+                        // panel's MR bias entries, inside `bp`; the
                         // destination rows oc0..oc0 + mr (< o: the group's channels) at
                         // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
                         // pos output (checked above), and only task t touches those rows
@@ -1068,7 +1080,8 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
                         unsafe {
                             tile_f32(
                                 k,
-                                wp.as_ptr().add(((grp * panels + pi) * ckk + l0) * MR),
+                                wc.as_ptr().add(oc0 * ckk + l0),
+                                ckk,
                                 col.as_ptr().add(l0 * ld + j0),
                                 ld,
                                 op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
