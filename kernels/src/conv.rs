@@ -12,7 +12,9 @@
 //! summing the batch in order; input gradient: batch x input channel), every `gemm` call with
 //! `Parallelism::None`, so results do not depend on the thread count.
 
-use crate::common::{in_ptr, simd_level, with_float, Num, OutPtr, Real, Scalar, SimdLevel};
+use crate::common::{
+    in_ptr, simd_level, with_float, with_simd, Num, OutPtr, Real, Scalar, SimdLevel,
+};
 use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
 use half::{bf16, f16};
@@ -1010,6 +1012,142 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     Geom::check_len("weight", wc.len(), g.o * ckk)?;
     Geom::check_len("output", out.len(), g.n * g.o * pos)?;
     Geom::check_len("bias", bc.len(), g.o)?;
+    let mut res = match T::as_c_mut(out) {
+        Some(_) => Vec::new(),
+        None => vec![0f32; out.len()],
+    };
+    let op = match T::as_c_mut(out) {
+        Some(o) => OutPtr(o.as_mut_ptr()),
+        None => OutPtr(res.as_mut_ptr()),
+    };
+    if g.cg() == 1 && og < MR {
+        depthwise_f32(&g, xc, wc, &bc, &op, pool);
+    } else {
+        gemm_tiles_f32(&g, xc, wc, &bc, &op, pool);
+    }
+    if !res.is_empty() {
+        T::store(&res, out);
+    }
+    Ok(())
+}
+
+/// Depthwise convolution (one input channel per group, fewer than `MR` output channels each,
+/// where the tiles would leave most of their rows empty), directly. Per (image, channel) task
+/// the input plane is copied once, zero-padded, with each padded row split into `sw` phase
+/// rows (phase `p` holds padded columns `p, p + sw, ...`), so that every tap reads contiguous
+/// values; at stride 1 the taps run over the whole plane at once (the padded width apart,
+/// whose extra columns are computed and dropped), else row by row. Each output is the same
+/// fma chain as in [`tile_f32`] (from its bias, over the kernel taps in order, a padded tap
+/// multiplying zero), so this path gives the tiles' bits.
+fn depthwise_f32(
+    g: &Geom,
+    xc: &[f32],
+    wc: &[f32],
+    bc: &[f32],
+    op: &OutPtr<f32>,
+    pool: &dyn kernel_core::ThreadPool,
+) {
+    let (pos, og, kk) = (g.positions(), g.og(), g.kh * g.kw);
+    // padded rows and columns any tap reads; a padded row's length per phase
+    let rows = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+    let span = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+    let plen = span.div_ceil(g.sw);
+    let rlen = g.sw * plen;
+    let unit = g.sh == 1 && g.sw == 1;
+    let grain = (4096 / pos.max(1)).max(1);
+    parallel_for(pool, g.n * g.o, grain, |range| {
+        let mut plane = vec![0f32; rows * rlen];
+        let mut acc = vec![0f32; if unit { g.oh * plen } else { g.ow }];
+        with_simd(
+            #[inline(always)]
+            || {
+                let first_task = range.start;
+                for t in range {
+                    let (img, oc) = (t / g.o, t % g.o);
+                    let plane_in = (img * g.c + oc / og) * g.h * g.w;
+                    let src = &xc[plane_in..plane_in + g.h * g.w];
+                    // the padded, phase-split plane (rebuilt only when the input channel
+                    // changes: a channel multiplier's outputs share it)
+                    if t == first_task || oc % og == 0 {
+                        for (r, prow) in plane.chunks_exact_mut(rlen).enumerate() {
+                            let Some(ih) = r.checked_sub(g.pt).filter(|&i| i < g.h) else {
+                                prow.fill(0.0);
+                                continue;
+                            };
+                            let row = &src[ih * g.w..(ih + 1) * g.w];
+                            for (p, phase) in prow.chunks_exact_mut(plen).enumerate() {
+                                // entry m is input column m * sw + p - pl: in the row for
+                                // m in lo..hi
+                                let lo = g.pl.saturating_sub(p).div_ceil(g.sw).min(plen);
+                                let hi = (g.w + g.pl)
+                                    .saturating_sub(p)
+                                    .div_ceil(g.sw)
+                                    .clamp(lo, plen);
+                                phase[..lo].fill(0.0);
+                                phase[hi..].fill(0.0);
+                                // (lo * sw + p >= pl whenever hi > lo)
+                                let first = (lo * g.sw + p).saturating_sub(g.pl);
+                                if hi == lo {
+                                } else if g.sw == 1 {
+                                    phase[lo..hi].copy_from_slice(&row[first..first + hi - lo]);
+                                } else {
+                                    for (m, v) in phase[lo..hi].iter_mut().enumerate() {
+                                        *v = row[first + m * g.sw];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    let wrow = &wc[oc * kk..(oc + 1) * kk];
+                    let out_plane = (img * g.o + oc) * pos;
+                    if unit {
+                        // output (oh, j) at acc[oh * plen + j]; tap (ki, kj) reads padded
+                        // (oh + ki * dh, j + kj * dw): one contiguous run per tap
+                        let len = (g.oh - 1) * plen + g.ow;
+                        acc.fill(bc[oc]);
+                        for (tap, &wv) in wrow.iter().enumerate() {
+                            let base = (tap / g.kw) * g.dh * plen + (tap % g.kw) * g.dw;
+                            for (a, &x) in acc[..len].iter_mut().zip(&plane[base..base + len]) {
+                                *a = wv.mul_add(x, *a);
+                            }
+                        }
+                        for oh in 0..g.oh {
+                            // SAFETY: output row oh of channel oc of image img: g.ow elements
+                            // inside the n * o * pos output (checked by the caller), written
+                            // only by task t.
+                            unsafe { op.slice(out_plane + oh * g.ow, g.ow) }
+                                .copy_from_slice(&acc[oh * plen..oh * plen + g.ow]);
+                        }
+                        continue;
+                    }
+                    for oh in 0..g.oh {
+                        acc.fill(bc[oc]);
+                        for (tap, &wv) in wrow.iter().enumerate() {
+                            let (r, off) = (oh * g.sh + (tap / g.kw) * g.dh, (tap % g.kw) * g.dw);
+                            let start = r * rlen + (off % g.sw) * plen + off / g.sw;
+                            for (a, &x) in acc.iter_mut().zip(&plane[start..start + g.ow]) {
+                                *a = wv.mul_add(x, *a);
+                            }
+                        }
+                        // SAFETY: as above.
+                        unsafe { op.slice(out_plane + oh * g.ow, g.ow) }.copy_from_slice(&acc);
+                    }
+                }
+            },
+        );
+    });
+}
+
+/// The im2col + micro-kernel tiles of [`conv2d_f32`].
+fn gemm_tiles_f32(
+    g: &Geom,
+    xc: &[f32],
+    wc: &[f32],
+    bc: &[f32],
+    op: &OutPtr<f32>,
+    pool: &dyn kernel_core::ThreadPool,
+) {
+    let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
     // panels of MR output channels per group; the bias per panel, [panel][MR], entries past
     // the group's last channel zero (computed, never stored)
     let panels = og.div_ceil(MR);
@@ -1019,14 +1157,6 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
             bp[(grp * panels + oc / MR) * MR + oc % MR] = bc[grp * og + oc];
         }
     }
-    let mut res = match T::as_c_mut(out) {
-        Some(_) => Vec::new(),
-        None => vec![0f32; out.len()],
-    };
-    let op = match T::as_c_mut(out) {
-        Some(o) => OutPtr(o.as_mut_ptr()),
-        None => OutPtr(res.as_mut_ptr()),
-    };
     let pb = f32_pos_block(ckk);
     let blocks = pos.div_ceil(pb);
     // the block's row stride: an odd number of cache lines, so that the rows a tile reads
@@ -1097,10 +1227,6 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
             }
         }
     });
-    if !res.is_empty() {
-        T::store(&res, out);
-    }
-    Ok(())
 }
 
 fn conv2d_cpu(ctx: &mut KernelCtx) -> Result<()> {
@@ -1350,5 +1476,125 @@ mod onnx_tests {
         assert!(pads(&n, vec![]).unwrap_err().contains("kernel_shape"));
         n.attrs = vec![("kernel_shape", AttrValue::IntList(vec![3, 3]))];
         assert!(pads(&n, vec![]).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod depthwise_tests {
+    use super::*;
+    use kernel_core::{RayonPool, SerialPool};
+
+    /// Deterministic values in [-1, 1) (a small LCG; no test dependency needed).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn geom(
+        c: usize,
+        og: usize,
+        hw: [usize; 2],
+        k: [usize; 2],
+        s: [usize; 2],
+        d: [usize; 2],
+    ) -> [Geom; 4] {
+        // paddings: none, symmetric, asymmetric, wider than the kernel (whole padded rows)
+        [[0, 0, 0, 0], [1, 1, 1, 1], [0, 2, 1, 3], [4, 0, 5, 6]].map(|[pt, pb, pl, pr]| {
+            let out = |len: usize, k: usize, p: usize, s: usize, d: usize| {
+                (len + p - (k - 1) * d - 1) / s + 1
+            };
+            Geom {
+                n: 2,
+                c,
+                h: hw[0],
+                w: hw[1],
+                o: c * og,
+                g: c,
+                kh: k[0],
+                kw: k[1],
+                oh: out(hw[0], k[0], pt + pb, s[0], d[0]),
+                ow: out(hw[1], k[1], pl + pr, s[1], d[1]),
+                sh: s[0],
+                sw: s[1],
+                dh: d[0],
+                dw: d[1],
+                pt,
+                pl,
+            }
+        })
+    }
+
+    /// The direct depthwise path gives the tiles' bits (same fma chains), including a -0.0
+    /// bias, padded taps and both pools; and both are within float32 rounding of a float64
+    /// reference (an independent check that the chains are the convolution).
+    #[test]
+    fn depthwise_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
+        let shapes = [
+            (3, 1, [9, 11], [3, 3], [1, 1], [1, 1]),
+            (4, 1, [12, 13], [3, 3], [2, 2], [1, 1]),
+            (2, 2, [10, 9], [3, 2], [1, 3], [2, 1]),
+            (5, 1, [7, 7], [5, 5], [1, 1], [1, 1]),
+            (3, 3, [20, 37], [3, 3], [2, 1], [1, 2]),
+            (2, 4, [8, 10], [3, 3], [1, 1], [1, 1]),
+            (3, 2, [6, 9], [2, 3], [1, 1], [2, 2]),
+            (2, 1, [5, 1], [1, 1], [1, 3], [1, 1]),
+        ];
+        for (c, og, hw, k, s, d) in shapes {
+            for g in geom(c, og, hw, k, s, d) {
+                let x = values(g.n * g.c * g.h * g.w, 1);
+                let w = values(g.o * g.kh * g.kw, 2);
+                let mut b = values(g.o, 3);
+                b[0] = -0.0;
+                let len = g.n * g.o * g.positions();
+                let (mut direct, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+                depthwise_f32(&g, &x, &w, &b, &OutPtr(direct.as_mut_ptr()), &SerialPool);
+                gemm_tiles_f32(&g, &x, &w, &b, &OutPtr(tiles.as_mut_ptr()), &RayonPool);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&direct),
+                    bits(&tiles),
+                    "{c} {og} {hw:?} {k:?} {s:?} {d:?} pads {} {}",
+                    g.pt,
+                    g.pl
+                );
+                for img in 0..g.n {
+                    for oc in 0..g.o {
+                        for p in 0..g.positions() {
+                            let (oh, ow) = (p / g.ow, p % g.ow);
+                            let (mut want, mut mag) = (b[oc] as f64, (b[oc] as f64).abs());
+                            for ki in 0..g.kh {
+                                for kj in 0..g.kw {
+                                    if let (Some(ih), Some(iw)) =
+                                        (g.in_row(oh, ki), g.in_col(ow, kj))
+                                    {
+                                        let xv =
+                                            x[((img * g.c + oc / og) * g.h + ih) * g.w + iw] as f64;
+                                        let t = w[oc * g.kh * g.kw + ki * g.kw + kj] as f64 * xv;
+                                        want += t;
+                                        mag += t.abs();
+                                    }
+                                }
+                            }
+                            let got = direct[(img * g.o + oc) * g.positions() + p] as f64;
+                            // one float32 rounding per tap, relative to the sum of magnitudes
+                            let tol = (g.kh * g.kw + 1) as f64 * 2f64.powi(-24) * mag;
+                            assert!((got - want).abs() <= tol, "{got} vs {want} (tol {tol})");
+                        }
+                    }
+                }
+                // the -0.0 bias survives where every tap is padding (a chain of fma(w, 0, -0))
+                assert!(direct.iter().all(|v| !v.is_nan()));
+            }
+        }
     }
 }
