@@ -14,6 +14,7 @@ PASSED=0
 FAILED=0
 SKIPPED=0
 FAILURES=()
+DETAILS=()
 
 # Each section header says when it started, in seconds since the run began (where time goes).
 section() { printf '\n==== %s [+%ss]\n' "$*" "$(($(date +%s) - ${START:-$(date +%s)}))"; }
@@ -65,29 +66,40 @@ run_pytest() {
         fail "pytest $file (exit $rc, no report)"
         return
     fi
-    # tests, failures, errors (collection errors apart), skipped, then one line per
-    # collection error: the file whose tests it hid
+    # tests, failures, errors (collection errors apart), skipped, then a line per collection
+    # error ("H" and the file whose tests it hid) and per failed test ("D", its name and the
+    # start of its message: the summary repeats them, so the tail of a CI log says why)
     local counts hidden
     counts=$("$VPY" - "$xml" <<'PY'
 import os, sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 suites = [root] if root.tag == "testsuite" else list(root)
 tot = lambda k: sum(int(s.get(k, 0)) for s in suites)
-hidden = []
+hidden, details = [], []
 for tc in root.iter("testcase"):
-    for e in tc.findall("error"):
-        if (e.get("message") or "").startswith("collection failure"):
+    for e in tc.findall("failure") + tc.findall("error"):
+        msg = e.get("message") or ""
+        if e.tag == "error" and msg.startswith("collection failure"):
             name = tc.get("name") or tc.get("classname") or "?"
             path = name.replace(".", "/") + ".py"  # the module pytest could not import
             hidden.append(path if os.path.exists(path) else name)
+        else:
+            text = " ".join((msg or e.text or "").split())
+            details.append(f"{tc.get('name')}: {text[:400]}")
 print(tot("tests") - len(hidden), tot("failures"), tot("errors") - len(hidden), tot("skipped"))
 for h in hidden:
-    print(h)
+    print("H", h)
+for d in details[:5]:
+    print("D", d)
 PY
 )
     local t f e s
     read -r t f e s <<<"$(head -n1 <<<"$counts")"
-    hidden=$(tail -n +2 <<<"$counts")
+    hidden=$(sed -n 's/^H //p' <<<"$counts")
+    local d
+    while IFS= read -r d; do
+        [ -n "$d" ] && DETAILS+=("$file::$d")
+    done < <(sed -n 's/^D //p' <<<"$counts")
     PASSED=$((PASSED + t - f - e - s))
     FAILED=$((FAILED + f + e))
     SKIPPED=$((SKIPPED + s))
@@ -106,6 +118,7 @@ PY
 }
 
 summary() {
+    for x in "${DETAILS[@]+"${DETAILS[@]}"}"; do echo "WHY: $x"; done
     for x in "${FAILURES[@]+"${FAILURES[@]}"}"; do echo "FAILED: $x"; done
     local line="$PASSED passed, $FAILED failed"
     [ "$SKIPPED" -ne 0 ] && line="$line, $SKIPPED skipped"

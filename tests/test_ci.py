@@ -38,6 +38,16 @@ def test_failures_are_counted_per_test(tmp_path):
     assert "FAILED: pytest test_mixed.py: 1 failed" in out and "1 passed, 1 failed" in out.splitlines(), out
 
 
+def test_the_summary_says_why_a_test_failed(tmp_path):
+    # the tail of a CI log is often all that is shown: it must carry each failure's message
+    (tmp_path / "test_why.py").write_text(
+        "def test_fine():\n    pass\n\ndef test_threads():\n    assert 3 <= 2, ('threads', 3)\n")
+    out = _ci(tmp_path, "run_pytest test_why.py 120")
+    tail = out.splitlines()[-3:]
+    assert any(l.startswith("WHY: test_why.py::test_threads: ") and "('threads', 3)" in l for l in tail), out
+    assert not any("test_fine" in l for l in out.splitlines() if l.startswith("WHY:")), out
+
+
 def test_a_hanging_step_fails_with_its_name(tmp_path):
     (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(600)\n")
     out = _ci(tmp_path, 'check "a sleepy step" 1 sleep 600; run_pytest test_hang.py 5')

@@ -10,6 +10,7 @@ training by a NumPy re-implementation with a hand-derived chain rule)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import math
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 import polyop
+from polyop._check import elf_dynamic
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples" / "rust_tch"
@@ -32,12 +34,21 @@ F32_ULP = 2.0**-23
 @pytest.fixture(scope="module")
 def program() -> Path:
     # tch links the pip wheel's libtorch: torch-sys asks `python` (this venv's) where it is.
-    env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET), LIBTORCH_USE_PYTORCH="1",
+    # The variable's value is the torch it must find (torch-sys reads only whether it is set):
+    # cargo reruns the build scripts when it changes, so a target directory cached from
+    # another checkout (CI's build cache) is not reused with an rpath into that checkout's
+    # venv (it was: all of this file failed, libtorch not found, once that clone was gone).
+    torch_dir = importlib.util.find_spec("torch").submodule_search_locations[0]
+    env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET), LIBTORCH_USE_PYTORCH=torch_dir,
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     p = subprocess.run(["cargo", "build", "--release", "--manifest-path", str(EX / "Cargo.toml")],
                        capture_output=True, text=True, timeout=1800, env=env, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-4000:]
-    return TARGET / "release" / "polyop-rust-tch"
+    prog = TARGET / "release" / "polyop-rust-tch"
+    d = elf_dynamic(str(prog))
+    want = (Path(torch_dir) / "lib").resolve()
+    assert any(Path(r).resolve() == want for r in d["runpath"] + d["rpath"]), (d, want)
+    return prog
 
 
 class Spec:

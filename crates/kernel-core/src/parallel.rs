@@ -28,12 +28,25 @@ impl ThreadPool for SerialPool {
     }
 }
 
-/// The default pool outside a framework: rayon's global pool.
+/// The default pool outside a framework: rayon's global pool (this library's own copy of
+/// rayon), its threads named `polyop-N` so that they can be told apart from a framework's.
 pub struct RayonPool;
+
+/// Build rayon's global pool with named threads, once, before its first use (a no-op if
+/// something in this library initialised it already: the names are only a label).
+fn named_global_pool() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("polyop-{i}"))
+            .build_global();
+    });
+}
 
 impl ThreadPool for RayonPool {
     fn run(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         use rayon::prelude::*;
+        named_global_pool();
         if num_tasks <= 1 || rayon::current_num_threads() <= 1 {
             (0..num_tasks).for_each(f);
         } else {
@@ -41,6 +54,7 @@ impl ThreadPool for RayonPool {
         }
     }
     fn num_threads(&self) -> usize {
+        named_global_pool();
         rayon::current_num_threads()
     }
 }
