@@ -621,6 +621,19 @@ impl Geom {
     }
 }
 
+/// A tensor's values in row-major order as f32: a contiguous f32 tensor's own memory, else a
+/// converted copy.
+fn as_f32<'a, T: Scalar<C = f32>>(t: &TensorRef<'a>) -> Result<std::borrow::Cow<'a, [f32]>> {
+    use std::borrow::Cow;
+    Ok(match t.contiguous::<T>()? {
+        Cow::Borrowed(s) => match T::as_c(s) {
+            Some(c) => Cow::Borrowed(c),
+            None => Cow::Owned(to_c::<T>(t)?),
+        },
+        Cow::Owned(_) => Cow::Owned(to_c::<T>(t)?),
+    })
+}
+
 /// A tensor's values in row-major order, in the compute type.
 fn to_c<T: Scalar>(t: &TensorRef) -> Result<Vec<T::C>> {
     let v = t.contiguous::<T>()?;
@@ -985,24 +998,8 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     if out.is_empty() {
         return Ok(());
     }
-    let xs = x.contiguous::<T>()?;
-    let xconv;
-    let xc: &[f32] = match T::as_c(&xs) {
-        Some(s) => s,
-        None => {
-            xconv = to_c::<T>(x)?;
-            &xconv
-        }
-    };
-    let ws = wt.contiguous::<T>()?;
-    let wconv;
-    let wc: &[f32] = match T::as_c(&ws) {
-        Some(s) => s,
-        None => {
-            wconv = to_c::<T>(wt)?;
-            &wconv
-        }
-    };
+    let (xc, wc) = (as_f32::<T>(x)?, as_f32::<T>(wt)?);
+    let (xc, wc): (&[f32], &[f32]) = (&xc, &wc);
     let bc = match bias {
         Some(b) => to_c::<T>(b)?,
         None => vec![0f32; g.o],
