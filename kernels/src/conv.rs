@@ -836,14 +836,29 @@ unsafe fn tile_f32(
         // both levels matched include AVX2 and FMA); the pointer contract is the caller's, the
         // same as this function's.
         unsafe {
-            match (n == NR, mr) {
-                (true, 1) => tile_avx2::<true, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
-                (true, 2..=3) => {
-                    tile_avx2::<true, 3>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+            // a tail of at most 8 positions (a 7x7 plane's 49th) takes half the work
+            match (n == NR, n <= NR / 2, mr) {
+                (true, _, 1) => {
+                    tile_avx2::<true, false, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
                 }
-                (true, _) => tile_avx2::<true, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
-                (false, 1) => tile_avx2::<false, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
-                (false, _) => tile_avx2::<false, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n),
+                (true, _, 2..=3) => {
+                    tile_avx2::<true, false, 3>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
+                (true, _, _) => {
+                    tile_avx2::<true, false, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
+                (false, true, 1) => {
+                    tile_avx2::<false, true, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
+                (false, true, _) => {
+                    tile_avx2::<false, true, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
+                (false, false, 1) => {
+                    tile_avx2::<false, false, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
+                (false, false, _) => {
+                    tile_avx2::<false, false, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                }
             }
         }
         return;
@@ -879,14 +894,15 @@ unsafe fn tile_f32(
 /// `mr - 1`: computed, never stored, never read past the weights). `ROWS` below `MR`
 /// computes only the panel's first rows (a depthwise convolution's panels have one): the
 /// same chains, fewer wasted lanes. `FULL`: `n == NR`; otherwise `b` is read and `c` written
-/// through lane masks, so nothing past column `n` is touched.
+/// through lane masks, so nothing past column `n` is touched. `HALF` (`n <= 8`, not `FULL`):
+/// only the first vector of each row is computed.
 ///
 /// # Safety
 /// As [`tile_f32`], `mr <= ROWS <= MR`, and the CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
+unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     k: usize,
     a: *const f32,
     lda: usize,
@@ -927,7 +943,9 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
             // SAFETY: r < MR, inside `bias` (caller's contract).
             let v = _mm256_set1_ps(unsafe { *bias.add(r) });
             acc[2 * r] = v;
-            acc[2 * r + 1] = v;
+            if !HALF {
+                acc[2 * r + 1] = v;
+            }
         } else if r < mr {
             // SAFETY: r < mr: row r of `c`, NR (FULL) or, through the masks, n readable
             // elements (caller's contract).
@@ -938,7 +956,9 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
                     acc[2 * r + 1] = _mm256_loadu_ps(cp.add(8));
                 } else {
                     acc[2 * r] = _mm256_maskload_ps(cp, m0);
-                    acc[2 * r + 1] = _mm256_maskload_ps(cp.add(8), m1);
+                    if !HALF {
+                        acc[2 * r + 1] = _mm256_maskload_ps(cp.add(8), m1);
+                    }
                 }
             }
         }
@@ -952,6 +972,8 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
         unsafe {
             let (b0, b1) = if FULL {
                 (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
+            } else if HALF {
+                (_mm256_maskload_ps(bp, m0), _mm256_setzero_ps())
             } else {
                 (
                     _mm256_maskload_ps(bp, m0),
@@ -961,7 +983,9 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
             for (r, row) in rows.iter().enumerate() {
                 let av = _mm256_broadcast_ss(&*row.add(l));
                 acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
-                acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
+                if !HALF {
+                    acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
+                }
             }
             bp = bp.add(ldb);
         }
@@ -976,7 +1000,9 @@ unsafe fn tile_avx2<const FULL: bool, const ROWS: usize>(
                 _mm256_storeu_ps(cp.add(8), acc[2 * r + 1]);
             } else {
                 _mm256_maskstore_ps(cp, m0, acc[2 * r]);
-                _mm256_maskstore_ps(cp.add(8), m1, acc[2 * r + 1]);
+                if !HALF {
+                    _mm256_maskstore_ps(cp.add(8), m1, acc[2 * r + 1]);
+                }
             }
         }
     }
