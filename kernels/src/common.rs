@@ -125,6 +125,15 @@ pub trait Real: Num + num_traits::Float {
         }
         false
     }
+    /// [`Real::exp_diff_chunk`]'s fast path over the leading chunks of `s` that take it, with
+    /// each result added into `acc[i % ACC]` in order; returns how many chunks it did (the
+    /// caller's chunk loop does the rest). 0 here; f32 has an explicit-SIMD loop
+    /// ([`crate::vmath::exp_diff_chunks`]).
+    #[inline(always)]
+    fn exp_diff_chunks(s: &[Self], m: Self, d: &mut [Self], acc: &mut [Self; ACC]) -> usize {
+        let _ = (s, m, d, acc);
+        0
+    }
     /// `dst[i] = src[i].gelu_tanh()` (same bits), as [`Real::gelu_erf_slice`].
     #[inline(always)]
     fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
@@ -168,6 +177,10 @@ impl Real for f32 {
     #[inline(always)]
     fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
         crate::vmath::exp_diff_chunk(s, m, d)
+    }
+    #[inline(always)]
+    fn exp_diff_chunks(s: &[Self], m: Self, d: &mut [Self], acc: &mut [Self; ACC]) -> usize {
+        crate::vmath::exp_diff_chunks(s, m, d, acc)
     }
     #[inline(always)]
     fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {

@@ -228,10 +228,15 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) -> b
     let mut wide = [0.0f64; ACC];
     for (sb, db) in src.chunks(SUM_BLOCK).zip(dst.chunks_mut(SUM_BLOCK)) {
         let mut acc = [C::ZERO; ACC];
+        let done = if FINITE {
+            C::exp_diff_chunks(sb, m, db, &mut acc)
+        } else {
+            0
+        };
         let (cs, cd) = (sb.chunks_exact(ACC), db.chunks_exact_mut(ACC));
         let rs = cs.remainder();
         let mut cd = cd;
-        for (s, d) in cs.zip(&mut cd) {
+        for (s, d) in cs.zip(&mut cd).skip(done) {
             let (s, d): (&[C; ACC], &mut [C; ACC]) = (s.try_into().unwrap(), d.try_into().unwrap());
             if FINITE {
                 if !C::exp_diff_chunk(s, m, d) && has_nan(s) {
