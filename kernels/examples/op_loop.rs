@@ -37,6 +37,10 @@ fn main() {
     let w = tensor(1024, &[1024], dt, |i| 0.5 + (i % 7) as f32 / 7.0);
     let (inputs, attrs): (Vec<OwnedTensor>, Vec<(&str, AttrValue)>) = match name {
         "negate" | "relu" | "gelu" => (vec![x], vec![]),
+        "gelu_tanh" => (
+            vec![x],
+            vec![("approximate", AttrValue::Str("tanh".into()))],
+        ),
         "add" | "add_relu" => (vec![x, y], vec![]),
         "scale" => (vec![x], vec![("alpha", AttrValue::Float(1.5))]),
         "softmax" => (vec![r], vec![]),
@@ -44,7 +48,9 @@ fn main() {
         "topk" => (vec![r], vec![("k", AttrValue::Int(8))]),
         _ => panic!("unknown op {name}"),
     };
-    let op = polyop_kernels::registry().lookup(name).unwrap();
+    let op = polyop_kernels::registry()
+        .lookup(if name == "gelu_tanh" { "gelu" } else { name })
+        .unwrap();
     let attrs = op.bind_attrs(attrs).unwrap();
     let views: Vec<Option<TensorRef>> = inputs.iter().map(|t| Some(t.view())).collect();
     let specs = op.infer_concrete(&views, &attrs).unwrap();

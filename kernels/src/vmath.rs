@@ -38,6 +38,17 @@ fn exp_split(x: f32, lo: f32) -> (f32, f32, f32) {
     (p, s1, s2)
 }
 
+/// Cephes' expf polynomial: `e^r = 1 + r + r^2 P(r)` for |r| <= ln 2 / 2, `r2 = r * r`. In
+/// Estrin's scheme (3 dependent FMAs, Horner's 5): a loop of these functions is bound by the
+/// length of its dependency chains (the out-of-order window holds only a few).
+#[inline(always)]
+fn cephes_exp_poly(r: f32, r2: f32) -> f32 {
+    let e01 = 1.666_666_5e-1f32.mul_add(r, 5.000_000_1e-1);
+    let e23 = 8.333_452e-3f32.mul_add(r, 4.166_579_6e-2);
+    let e45 = 1.987_569_1e-4f32.mul_add(r, 1.398_199_9e-3);
+    e45.mul_add(r2, e23).mul_add(r2, e01)
+}
+
 /// `exp(x + lo) = p * 2^n` for x in [-110, 89]: (p, n) (see [`exp_split`]).
 #[inline(always)]
 fn exp_core(x: f32, lo: f32) -> (f32, i32) {
@@ -46,13 +57,7 @@ fn exp_core(x: f32, lo: f32) -> (f32, i32) {
     let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x)) + lo;
     let r2 = r * r;
-    let p = 1.987_569_1e-4f32
-        .mul_add(r, 1.398_199_9e-3)
-        .mul_add(r, 8.333_452e-3)
-        .mul_add(r, 4.166_579_6e-2)
-        .mul_add(r, 1.666_666_5e-1)
-        .mul_add(r, 5.000_000_1e-1);
-    let p = p.mul_add(r2, r) + 1.0;
+    let p = cephes_exp_poly(r, r2).mul_add(r2, r) + 1.0;
     (p, ni)
 }
 
@@ -384,7 +389,7 @@ const GM_S: [f32; 13] = [
 /// gelu(x) = x - h for x >= 0, -h for x < 0 (neither cancels). The exponent -a^2/2 - a/2
 /// is carried exactly (a^2 as a rounded square plus its FMA remainder, the sum as a two-sum),
 /// `a S(a)` multiplies `1 + (e^r - 1)` in one FMA, and the power of two is exact (the result
-/// is normal or, for tiny a, n = 0). Within 2.4 ulp (tests).
+/// is normal or, for tiny a, n = 0). Within 3.2 ulp (tests).
 #[inline(always)]
 pub fn gelu_erf_mid(x: f32) -> f32 {
     let a = x.abs();
@@ -400,21 +405,20 @@ pub fn gelu_erf_mid(x: f32) -> f32 {
     let n = k - MAGIC;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, s)) + lo;
     let r2 = r * r;
-    let p = 1.987_569_1e-4f32
-        .mul_add(r, 1.398_199_9e-3)
-        .mul_add(r, 8.333_452e-3)
-        .mul_add(r, 4.166_579_6e-2)
-        .mul_add(r, 1.666_666_5e-1)
-        .mul_add(r, 5.000_000_1e-1);
     // e^r - 1
-    let em1 = p.mul_add(r2, r);
+    let em1 = cephes_exp_poly(r, r2).mul_add(r2, r);
+    // S(u) = E(u^2) + u O(u^2), each by Horner: two chains of 5 FMAs side by side instead of
+    // one of 12 (3.2 ulp at most against 2.4 for plain Horner; a full Estrin evaluation of S
+    // was 4.4 ulp, 0.2 ulp under what a split into low and high halves gave)
     let u = a - 2.0;
-    let mut sp = GM_S[12];
-    let mut i = 12;
-    while i > 0 {
-        i -= 1;
-        sp = sp.mul_add(u, GM_S[i]);
+    let u2 = u * u;
+    let mut ev = GM_S[12];
+    let mut od = GM_S[11];
+    for i in (0..5).rev() {
+        ev = ev.mul_add(u2, GM_S[2 * i + 2]);
+        od = od.mul_add(u2, GM_S[2 * i + 1]);
     }
+    let sp = od.mul_add(u, ev.mul_add(u2, GM_S[0]));
     let y = a * sp;
     // n in [-12, 0]: 2^n is a normal power of two
     let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
