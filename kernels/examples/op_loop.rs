@@ -46,10 +46,39 @@ fn main() {
         "softmax" => (vec![r], vec![]),
         "rms_norm" => (vec![r, w], vec![]),
         "topk" => (vec![r], vec![("k", AttrValue::Int(8))]),
+        // ShuffleNet's first layer: 3 -> 24 channels, 224x224, 3x3, stride 2 (im2col gathers)
+        "stem" => (
+            vec![
+                tensor(3 * 224 * 224, &[1, 3, 224, 224], dt, val),
+                tensor(24 * 27, &[24, 3, 3, 3], dt, val),
+                tensor(24, &[24], dt, val),
+            ],
+            vec![
+                ("stride", AttrValue::IntList(vec![2, 2])),
+                ("padding", AttrValue::IntList(vec![1, 1])),
+            ],
+        ),
+        // ShuffleNet's stride-2 depthwise layer: 112 channels, 56x56, 3x3
+        "depthwise" => (
+            vec![
+                tensor(112 * 56 * 56, &[1, 112, 56, 56], dt, val),
+                tensor(112 * 9, &[112, 1, 3, 3], dt, val),
+                tensor(112, &[112], dt, val),
+            ],
+            vec![
+                ("stride", AttrValue::IntList(vec![2, 2])),
+                ("padding", AttrValue::IntList(vec![1, 1])),
+                ("groups", AttrValue::Int(112)),
+            ],
+        ),
         _ => panic!("unknown op {name}"),
     };
     let op = polyop_kernels::registry()
-        .lookup(if name == "gelu_tanh" { "gelu" } else { name })
+        .lookup(match name {
+            "gelu_tanh" => "gelu",
+            "depthwise" | "stem" => "conv2d",
+            _ => name,
+        })
         .unwrap();
     let attrs = op.bind_attrs(attrs).unwrap();
     let views: Vec<Option<TensorRef>> = inputs.iter().map(|t| Some(t.view())).collect();

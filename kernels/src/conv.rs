@@ -607,6 +607,16 @@ impl Geom {
                             let first = lo * s + off - pad;
                             if s == 1 {
                                 out.copy_from_slice(&row[first..first + (hi - lo)]);
+                            } else if s == 2 {
+                                // every other value, as pairs: LLVM vectorises this gather
+                                // (element by element it did not: a stride-2 stem layer's
+                                // im2col cost more than its multiply-adds)
+                                let (last, body) = out.split_last_mut().unwrap();
+                                let pairs = row[first..first + 2 * body.len()].chunks_exact(2);
+                                for (d, pr) in body.iter_mut().zip(pairs) {
+                                    *d = pr[0];
+                                }
+                                *last = row[first + 2 * body.len()];
                             } else {
                                 for (j, d) in out.iter_mut().enumerate() {
                                     *d = row[first + j * s];
@@ -1056,12 +1066,13 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
 
 /// Depthwise convolution (one input channel per group, fewer than `MR` output channels each,
 /// where the tiles would leave most of their rows empty), directly. Per (image, channel) task
-/// the input plane is copied once, zero-padded, with each padded row split into `sw` phase
-/// rows (phase `p` holds padded columns `p, p + sw, ...`), so that every tap reads contiguous
-/// values; at stride 1 the taps run over the whole plane at once (the padded width apart,
-/// whose extra columns are computed and dropped), else row by row. Each output is the same
-/// fma chain as in [`tile_f32`] (from its bias, over the kernel taps in order, a padded tap
-/// multiplying zero), so this path gives the tiles' bits.
+/// the input plane is copied once, zero-padded and split into `sh x sw` phases (padded row
+/// `r`, column `c` goes to phase `(r % sh, c % sw)`, at row `r / sh`, entry `c / sw`), so that
+/// every tap reads all its outputs as one contiguous run: output `(oh, j)` sits at
+/// `oh * plen + j` of the run, the columns between `ow` and the phase width `plen` computed and
+/// dropped. (Row by row, a stride-2 layer's taps were runs of 28 or 14 values: 5 GFLOP/s.)
+/// Each output is the same fma chain as in [`tile_f32`] (from its bias, over the kernel taps
+/// in order, a padded tap multiplying zero), so this path gives the tiles' bits.
 fn depthwise_f32(
     g: &Geom,
     xc: &[f32],
@@ -1071,16 +1082,17 @@ fn depthwise_f32(
     pool: &dyn kernel_core::ThreadPool,
 ) {
     let (pos, og, kk) = (g.positions(), g.og(), g.kh * g.kw);
-    // padded rows and columns any tap reads; a padded row's length per phase
-    let rows = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
-    let span = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
-    let plen = span.div_ceil(g.sw);
-    let rlen = g.sw * plen;
-    let unit = g.sh == 1 && g.sw == 1;
+    let (sh, sw) = (g.sh, g.sw);
+    // padded rows and columns any tap reads; a phase's rows and row length
+    let rows = (g.oh - 1) * sh + (g.kh - 1) * g.dh + 1;
+    let span = (g.ow - 1) * sw + (g.kw - 1) * g.dw + 1;
+    let (prows, plen) = (rows.div_ceil(sh), span.div_ceil(sw));
+    // a tap's run: output rows at stride plen
+    let len = (g.oh - 1) * plen + g.ow;
     let grain = (4096 / pos.max(1)).max(1);
     parallel_for(pool, g.n * g.o, grain, |range| {
-        let mut plane = vec![0f32; rows * rlen];
-        let mut acc = vec![0f32; if unit { g.oh * plen } else { g.ow }];
+        let mut plane = vec![0f32; sh * sw * prows * plen];
+        let mut acc = vec![0f32; len];
         with_simd(
             #[inline(always)]
             || {
@@ -1090,70 +1102,93 @@ fn depthwise_f32(
                     let plane_in = (img * g.c + oc / og) * g.h * g.w;
                     let src = &xc[plane_in..plane_in + g.h * g.w];
                     // the padded, phase-split plane (rebuilt only when the input channel
-                    // changes: a channel multiplier's outputs share it)
+                    // changes: a channel multiplier's outputs share it); a phase's rows past
+                    // the padded plane's are never read
                     if t == first_task || oc % og == 0 {
-                        for (r, prow) in plane.chunks_exact_mut(rlen).enumerate() {
-                            let Some(ih) = r.checked_sub(g.pt).filter(|&i| i < g.h) else {
-                                prow.fill(0.0);
+                        for r in 0..rows {
+                            let ih = r.checked_sub(g.pt).filter(|&i| i < g.h);
+                            let at = |p: usize| ((r % sh * sw + p) * prows + r / sh) * plen;
+                            if let (Some(ih), 2) = (ih, sw) {
+                                // stride 2: the row's even and odd columns in one vectorised
+                                // deinterleaving pass (element by element, this gather was 60%
+                                // of a stride-2 layer's time). Input column c is padded column
+                                // c + pl: phase (c + pl) % 2, entry (c + pl) / 2; columns no
+                                // tap reads (from span - pl on) are left out.
+                                let row = &src[ih * g.w..(ih + 1) * g.w];
+                                let cols = g.w.min(span.saturating_sub(g.pl));
+                                let pe = g.pl % 2;
+                                let (oe, oo) = (g.pl / 2, g.pl.div_ceil(2));
+                                // the two phase rows, apart (phase 1's after phase 0's)
+                                let (lo, hi) = plane.split_at_mut(at(1));
+                                let (p0, p1) = (&mut lo[at(0)..at(0) + plen], &mut hi[..plen]);
+                                let (ev, od) = if pe == 0 { (p0, p1) } else { (p1, p0) };
+                                let pairs = cols / 2;
+                                ev[..oe].fill(0.0);
+                                od[..oo].fill(0.0);
+                                for ((e, o), pr) in ev[oe..oe + pairs]
+                                    .iter_mut()
+                                    .zip(&mut od[oo..oo + pairs])
+                                    .zip(row[..2 * pairs].chunks_exact(2))
+                                {
+                                    (*e, *o) = (pr[0], pr[1]);
+                                }
+                                let ne = oe
+                                    + pairs
+                                    + if cols % 2 == 1 {
+                                        ev[oe + pairs] = row[2 * pairs];
+                                        1
+                                    } else {
+                                        0
+                                    };
+                                ev[ne..].fill(0.0);
+                                od[oo + pairs..].fill(0.0);
                                 continue;
-                            };
-                            let row = &src[ih * g.w..(ih + 1) * g.w];
-                            for (p, phase) in prow.chunks_exact_mut(plen).enumerate() {
+                            }
+                            for p in 0..sw {
+                                let phase = &mut plane[at(p)..at(p) + plen];
+                                let Some(ih) = ih else {
+                                    phase.fill(0.0);
+                                    continue;
+                                };
+                                let row = &src[ih * g.w..(ih + 1) * g.w];
                                 // entry m is input column m * sw + p - pl: in the row for
                                 // m in lo..hi
-                                let lo = g.pl.saturating_sub(p).div_ceil(g.sw).min(plen);
-                                let hi = (g.w + g.pl)
-                                    .saturating_sub(p)
-                                    .div_ceil(g.sw)
-                                    .clamp(lo, plen);
+                                let lo = g.pl.saturating_sub(p).div_ceil(sw).min(plen);
+                                let hi =
+                                    (g.w + g.pl).saturating_sub(p).div_ceil(sw).clamp(lo, plen);
                                 phase[..lo].fill(0.0);
                                 phase[hi..].fill(0.0);
                                 // (lo * sw + p >= pl whenever hi > lo)
-                                let first = (lo * g.sw + p).saturating_sub(g.pl);
+                                let first = (lo * sw + p).saturating_sub(g.pl);
                                 if hi == lo {
-                                } else if g.sw == 1 {
+                                } else if sw == 1 {
                                     phase[lo..hi].copy_from_slice(&row[first..first + hi - lo]);
                                 } else {
                                     for (m, v) in phase[lo..hi].iter_mut().enumerate() {
-                                        *v = row[first + m * g.sw];
+                                        *v = row[first + m * sw];
                                     }
                                 }
                             }
                         }
                     }
-                    let wrow = &wc[oc * kk..(oc + 1) * kk];
-                    let out_plane = (img * g.o + oc) * pos;
-                    if unit {
-                        // output (oh, j) at acc[oh * plen + j]; tap (ki, kj) reads padded
-                        // (oh + ki * dh, j + kj * dw): one contiguous run per tap
-                        let len = (g.oh - 1) * plen + g.ow;
-                        acc.fill(bc[oc]);
-                        for (tap, &wv) in wrow.iter().enumerate() {
-                            let base = (tap / g.kw) * g.dh * plen + (tap % g.kw) * g.dw;
-                            for (a, &x) in acc[..len].iter_mut().zip(&plane[base..base + len]) {
-                                *a = wv.mul_add(x, *a);
-                            }
+                    // tap (ki, kj) reads padded row oh * sh + ki * dh and column j * sw + kj *
+                    // dw: phase ((ki * dh) % sh, (kj * dw) % sw), from its row (ki * dh) / sh
+                    // and entry (kj * dw) / sw on
+                    acc.fill(bc[oc]);
+                    for (tap, &wv) in wc[oc * kk..(oc + 1) * kk].iter().enumerate() {
+                        let (dr, dc) = ((tap / g.kw) * g.dh, (tap % g.kw) * g.dw);
+                        let base = ((dr % sh * sw + dc % sw) * prows + dr / sh) * plen + dc / sw;
+                        for (a, &x) in acc.iter_mut().zip(&plane[base..base + len]) {
+                            *a = wv.mul_add(x, *a);
                         }
-                        for oh in 0..g.oh {
-                            // SAFETY: output row oh of channel oc of image img: g.ow elements
-                            // inside the n * o * pos output (checked by the caller), written
-                            // only by task t.
-                            unsafe { op.slice(out_plane + oh * g.ow, g.ow) }
-                                .copy_from_slice(&acc[oh * plen..oh * plen + g.ow]);
-                        }
-                        continue;
                     }
+                    let out_plane = (img * g.o + oc) * pos;
                     for oh in 0..g.oh {
-                        acc.fill(bc[oc]);
-                        for (tap, &wv) in wrow.iter().enumerate() {
-                            let (r, off) = (oh * g.sh + (tap / g.kw) * g.dh, (tap % g.kw) * g.dw);
-                            let start = r * rlen + (off % g.sw) * plen + off / g.sw;
-                            for (a, &x) in acc.iter_mut().zip(&plane[start..start + g.ow]) {
-                                *a = wv.mul_add(x, *a);
-                            }
-                        }
-                        // SAFETY: as above.
-                        unsafe { op.slice(out_plane + oh * g.ow, g.ow) }.copy_from_slice(&acc);
+                        // SAFETY: output row oh of channel oc of image img: g.ow elements
+                        // inside the n * o * pos output (checked by the caller), written only
+                        // by task t.
+                        unsafe { op.slice(out_plane + oh * g.ow, g.ow) }
+                            .copy_from_slice(&acc[oh * plen..oh * plen + g.ow]);
                     }
                 }
             },
@@ -1592,6 +1627,9 @@ mod depthwise_tests {
             (2, 4, [8, 10], [3, 3], [1, 1], [1, 1]),
             (3, 2, [6, 9], [2, 3], [1, 1], [2, 2]),
             (2, 1, [5, 1], [1, 1], [1, 3], [1, 1]),
+            // stride 2 across columns (its own deinterleaving fill): even widths, dilation
+            (3, 2, [10, 16], [3, 2], [1, 2], [1, 2]),
+            (2, 1, [9, 8], [5, 5], [2, 2], [1, 1]),
         ];
         for (c, og, hw, k, s, d) in shapes {
             for g in geom(c, og, hw, k, s, d) {
