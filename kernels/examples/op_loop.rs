@@ -58,6 +58,15 @@ fn main() {
                 ("padding", AttrValue::IntList(vec![1, 1])),
             ],
         ),
+        // ShuffleNet's grouped 1x1 layer: 136 -> 136 channels in 4 groups, 28x28
+        "grouped" => (
+            vec![
+                tensor(136 * 28 * 28, &[1, 136, 28, 28], dt, val),
+                tensor(136 * 34, &[136, 34, 1, 1], dt, val),
+                tensor(136, &[136], dt, val),
+            ],
+            vec![("groups", AttrValue::Int(4))],
+        ),
         // ShuffleNet's stride-2 depthwise layer: 112 channels, 56x56, 3x3
         "depthwise" => (
             vec![
@@ -76,7 +85,7 @@ fn main() {
     let op = polyop_kernels::registry()
         .lookup(match name {
             "gelu_tanh" => "gelu",
-            "depthwise" | "stem" => "conv2d",
+            "depthwise" | "stem" | "grouped" => "conv2d",
             _ => name,
         })
         .unwrap();

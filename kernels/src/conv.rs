@@ -1256,8 +1256,20 @@ fn gemm_tiles_f32(
         threads.div_ceil(base).clamp(1, panels.max(1))
     };
     let per = panels.div_ceil(splits).max(1);
+    // A 1x1, stride-1, unpadded convolution's im2col block is the input itself (row l of a
+    // block is channel l's plane from position p0 on): the tiles read it in place, row stride
+    // the plane's size. (Its copy was a quarter of a small grouped 1x1 layer's time.) Same
+    // values, same chains.
+    let direct = g.kh == 1
+        && g.kw == 1
+        && g.sh == 1
+        && g.sw == 1
+        && g.pt == 0
+        && g.pl == 0
+        && (g.oh, g.ow) == (g.h, g.w);
+    let plane = g.h * g.w;
     parallel_for(pool, base * splits, 1, |range| {
-        let mut col = vec![0f32; ckk * ld];
+        let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
         for t in range {
             let (bt, sp) = (t / splits, t % splits);
             let panel_range = sp * per..((sp + 1) * per).min(panels);
@@ -1267,7 +1279,13 @@ fn gemm_tiles_f32(
             let (img, grp, b) = (bt / (g.g * blocks), (bt / blocks) % g.g, bt % blocks);
             let (p0, p1) = block_range(b);
             let width = p1 - p0;
-            g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
+            // the block: `ckk` rows of `width` values, row l at `b0 + l * ldb`
+            let (b0, ldb) = if direct {
+                (&xc[(img * g.c + grp * ckk) * plane + p0..], plane)
+            } else {
+                g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
+                (&col[..], ld)
+            };
             for l0 in (0..ckk).step_by(kc) {
                 let k = kc.min(ckk - l0);
                 for j0 in (0..width).step_by(NR) {
@@ -1275,8 +1293,12 @@ fn gemm_tiles_f32(
                     for pi in panel_range.clone() {
                         let oc0 = grp * og + pi * MR;
                         let mr = MR.min(og - pi * MR);
-                        // SAFETY: `col` holds ckk rows of stride ld >= pb, of which rows l0..l0 + k
-                        // (<= ckk), columns j0..j0 + n (<= width <= pb) are read, just filled;
+                        // SAFETY: `b0` holds ckk rows of stride ldb >= width, of which rows
+                        // l0..l0 + k (<= ckk), columns j0..j0 + n (<= width) are read: `col`
+                        // just filled (ld >= pb >= width), or the input from channel grp *
+                        // ckk's position p0 on, whose row l0 + k - 1's column j0 + n - 1 is
+                        // input element (img * c + grp * ckk + l) * plane + p0 + j < n * c *
+                        // plane (l < ckk = c / g channels of group grp, p0 + j < pos = plane);
                         // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
                         // of each, are read (inside the o * ckk `wc`, checked above), and the
                         // panel's MR bias entries, inside `bp`; the
@@ -1291,8 +1313,8 @@ fn gemm_tiles_f32(
                                 k,
                                 wc.as_ptr().add(oc0 * ckk + l0),
                                 ckk,
-                                col.as_ptr().add(l0 * ld + j0),
-                                ld,
+                                b0.as_ptr().add(l0 * ldb + j0),
+                                ldb,
                                 op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
                                 pos,
                                 bp.as_ptr().add((grp * panels + pi) * MR),

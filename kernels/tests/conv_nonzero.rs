@@ -601,3 +601,53 @@ fn conv2d_f32_tiles_passes_threads_and_simd_levels() {
         }
     }
 }
+
+#[test]
+fn conv2d_grouped_1x1_reads_each_group_s_channels() {
+    // A 1x1, stride-1, unpadded convolution reads its input in place (no im2col copy): group
+    // g's tiles must read channels g * C/groups.. of the right image. Reference: one
+    // ungrouped convolution per group on its channel slice.
+    let mut rng = XRng::new(11);
+    let (xs, ws, groups) = ([2usize, 16, 5, 7], [12usize, 4, 1, 1], 4);
+    let (cg, og, plane) = (xs[1] / groups, ws[0] / groups, xs[2] * xs[3]);
+    let xr = rounded(&rng.vec(xs.iter().product(), -1.0, 1.0), DType::F32);
+    let wr = rounded(&rng.vec(ws.iter().product(), -1.0, 1.0), DType::F32);
+    let br = rounded(&rng.vec(ws[0], -1.0, 1.0), DType::F32);
+    let grouped_ref = |xr: &[f64], wr: &[f64], br: &[f64]| {
+        let mut want = vec![0.0; xs[0] * ws[0] * plane];
+        for g in 0..groups {
+            let xg: Vec<f64> = (0..xs[0])
+                .flat_map(|n| {
+                    xr[(n * xs[1] + g * cg) * plane..(n * xs[1] + (g + 1) * cg) * plane].to_vec()
+                })
+                .collect();
+            let (wg, bg) = (
+                &wr[g * og * cg..(g + 1) * og * cg],
+                &br[g * og..(g + 1) * og],
+            );
+            let xsg = [xs[0], cg, xs[2], xs[3]];
+            let (out, _) = conv_ref(&xg, xsg, wg, [og, cg, 1, 1], Some(bg), 1, 0);
+            for n in 0..xs[0] {
+                for o in 0..og {
+                    let (dst, src) = ((n * ws[0] + g * og + o) * plane, (n * og + o) * plane);
+                    want[dst..dst + plane].copy_from_slice(&out[src..src + plane]);
+                }
+            }
+        }
+        want
+    };
+    let want = grouped_ref(&xr, &wr, &br);
+    let abs = |v: &[f64]| v.iter().map(|a| a.abs()).collect::<Vec<f64>>();
+    let scale = grouped_ref(&abs(&xr), &abs(&wr), &abs(&br));
+    let x = tensor(&xr, &xs, DType::F32);
+    let (w, b) = (
+        tensor(&wr, &ws, DType::F32),
+        tensor(&br, &[ws[0]], DType::F32),
+    );
+    let attrs = [("groups", int(groups as i64))];
+    let got = run_ok("conv2d", &[&x, &w, &b], &attrs);
+    assert_eq!(got[0].shape, vec![xs[0], ws[0], xs[2], xs[3]]);
+    let label = "conv2d grouped 1x1";
+    assert_close_scaled(&vals(&got[0]), &want, Some(&scale), DType::F32, label);
+    assert_thread_independent("conv2d", &[Some(&x), Some(&w), Some(&b)], &attrs);
+}
