@@ -35,6 +35,20 @@ fn main() {
     let y = tensor(n, &[n], dt, |i| (i % 613) as f32 / 100.0 - 3.0);
     let r = tensor(n, &[64, 1024], dt, val);
     let w = tensor(1024, &[1024], dt, |i| 0.5 + (i % 7) as f32 / 7.0);
+    // conv2d of one image [c, h, w] by weight [o, c/groups, kh, kw], with a bias
+    let conv = |[c, h, wd]: [usize; 3], ws: [usize; 4], stride: i64, pad: i64, groups: i64| {
+        let inputs = vec![
+            tensor(c * h * wd, &[1, c, h, wd], dt, val),
+            tensor(ws.iter().product(), &ws, dt, val),
+            tensor(ws[0], &[ws[0]], dt, val),
+        ];
+        let attrs = vec![
+            ("stride", AttrValue::IntList(vec![stride, stride])),
+            ("padding", AttrValue::IntList(vec![pad, pad])),
+            ("groups", AttrValue::Int(groups)),
+        ];
+        (inputs, attrs)
+    };
     let (inputs, attrs): (Vec<OwnedTensor>, Vec<(&str, AttrValue)>) = match name {
         "negate" | "relu" | "gelu" => (vec![x], vec![]),
         "gelu_tanh" => (
@@ -46,40 +60,12 @@ fn main() {
         "softmax" => (vec![r], vec![]),
         "rms_norm" => (vec![r, w], vec![]),
         "topk" => (vec![r], vec![("k", AttrValue::Int(8))]),
-        // ShuffleNet's first layer: 3 -> 24 channels, 224x224, 3x3, stride 2 (im2col gathers)
-        "stem" => (
-            vec![
-                tensor(3 * 224 * 224, &[1, 3, 224, 224], dt, val),
-                tensor(24 * 27, &[24, 3, 3, 3], dt, val),
-                tensor(24, &[24], dt, val),
-            ],
-            vec![
-                ("stride", AttrValue::IntList(vec![2, 2])),
-                ("padding", AttrValue::IntList(vec![1, 1])),
-            ],
-        ),
-        // ShuffleNet's grouped 1x1 layer: 136 -> 136 channels in 4 groups, 28x28
-        "grouped" => (
-            vec![
-                tensor(136 * 28 * 28, &[1, 136, 28, 28], dt, val),
-                tensor(136 * 34, &[136, 34, 1, 1], dt, val),
-                tensor(136, &[136], dt, val),
-            ],
-            vec![("groups", AttrValue::Int(4))],
-        ),
-        // ShuffleNet's stride-2 depthwise layer: 112 channels, 56x56, 3x3
-        "depthwise" => (
-            vec![
-                tensor(112 * 56 * 56, &[1, 112, 56, 56], dt, val),
-                tensor(112 * 9, &[112, 1, 3, 3], dt, val),
-                tensor(112, &[112], dt, val),
-            ],
-            vec![
-                ("stride", AttrValue::IntList(vec![2, 2])),
-                ("padding", AttrValue::IntList(vec![1, 1])),
-                ("groups", AttrValue::Int(112)),
-            ],
-        ),
+        // ShuffleNet's layers: the first (3 -> 24 channels, 224x224, 3x3, stride 2: im2col
+        // gathers), a grouped 1x1 (136 -> 136 in 4 groups, 28x28: read in place), a stride-2
+        // depthwise 3x3 (112 channels, 56x56)
+        "stem" => conv([3, 224, 224], [24, 3, 3, 3], 2, 1, 1),
+        "grouped" => conv([136, 28, 28], [136, 34, 1, 1], 1, 0, 4),
+        "depthwise" => conv([112, 56, 56], [112, 1, 3, 3], 2, 1, 112),
         _ => panic!("unknown op {name}"),
     };
     let op = polyop_kernels::registry()
