@@ -41,6 +41,6 @@ impl ThreadPool for OrtPool {
 
     fn num_threads(&self) -> usize {
         // The C API does not expose the intra-op thread count; this is only a hint.
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        kernel_core::available_threads()
     }
 }

@@ -39,8 +39,8 @@ pub use op::{
     OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
 };
 pub use parallel::{
-    default_pool, parallel_for, run_c_job, run_tasks, CJob, PanicSlot, RayonPool, SerialPool,
-    ThreadPool,
+    available_threads, default_pool, parallel_for, run_c_job, run_tasks, CJob, PanicSlot,
+    RayonPool, SerialPool, ThreadPool,
 };
 pub use schema::{Arg, ArgType, Schema};
 pub use sharding::{Factor, ShardCtx, ShardFn, ShardingRule};

@@ -59,6 +59,14 @@ impl ThreadPool for RayonPool {
     }
 }
 
+/// The number of threads this process may run at once (`std::thread::available_parallelism`,
+/// 1 if unknown), read once: on Linux every query reads the cgroup's CPU quota from files, which
+/// cost a tenth of a small convolution's time when a pool's `num_threads` asked on every call.
+pub fn available_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// The default pool for callers that have none of their own.
 pub fn default_pool() -> &'static dyn ThreadPool {
     static POOL: RayonPool = RayonPool;
