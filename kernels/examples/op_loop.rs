@@ -66,12 +66,24 @@ fn main() {
         "stem" => conv([3, 224, 224], [24, 3, 3, 3], 2, 1, 1),
         "grouped" => conv([136, 28, 28], [136, 34, 1, 1], 1, 0, 4),
         "depthwise" => conv([112, 56, 56], [112, 1, 3, 3], 2, 1, 112),
+        // ResNet-50's layers: a 3x3 (256 channels, 14x14) and a 1x1 expansion (64 -> 256, 56x56)
+        "res3x3" => conv([256, 14, 14], [256, 256, 3, 3], 1, 1, 1),
+        "res1x1" => conv([64, 56, 56], [256, 64, 1, 1], 1, 0, 1),
+        // any other layer of one image: conv:C,H,O,K,STRIDE,PAD,GROUPS (square input and kernel)
+        spec if spec.starts_with("conv:") => {
+            let v: Vec<usize> = spec[5..].split(',').map(|t| t.parse().unwrap()).collect();
+            let [c, h, o, k, s, p, g] = v[..] else {
+                panic!("conv:C,H,O,K,STRIDE,PAD,GROUPS")
+            };
+            conv([c, h, h], [o, c / g, k, k], s as i64, p as i64, g as i64)
+        }
         _ => panic!("unknown op {name}"),
     };
     let op = polyop_kernels::registry()
         .lookup(match name {
             "gelu_tanh" => "gelu",
-            "depthwise" | "stem" | "grouped" => "conv2d",
+            "depthwise" | "stem" | "grouped" | "res3x3" | "res1x1" => "conv2d",
+            spec if spec.starts_with("conv:") => "conv2d",
             _ => name,
         })
         .unwrap();
@@ -99,6 +111,18 @@ fn main() {
                 t.elapsed().as_secs_f64() / reps as f64
             })
             .fold(f64::INFINITY, f64::min);
+        if op.name == "conv2d" {
+            // multiply-adds: every output element's kernel rows (the weight's [C/g, KH, KW])
+            let (o, w) = (outputs[0].view(), inputs[1].view());
+            let flops =
+                2 * o.shape.iter().product::<usize>() * w.shape[1..].iter().product::<usize>();
+            println!(
+                "{name} {dt} {:.1} us {:.1} GFLOP/s",
+                best * 1e6,
+                flops as f64 / best / 1e9
+            );
+            return;
+        }
         println!("{name} {dt} {:.3} Gelem/s", n as f64 / best / 1e9);
         return;
     }

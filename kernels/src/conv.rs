@@ -13,7 +13,8 @@
 //! `Parallelism::None`, so results do not depend on the thread count.
 
 use crate::common::{
-    in_ptr, simd_level, with_float, with_simd, Num, OutPtr, Real, Scalar, SimdLevel,
+    copy_short, every_other, in_ptr, simd_level, with_float, with_simd, Num, OutPtr, Real, Scalar,
+    SimdLevel,
 };
 use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
@@ -608,15 +609,7 @@ impl Geom {
                             if s == 1 {
                                 out.copy_from_slice(&row[first..first + (hi - lo)]);
                             } else if s == 2 {
-                                // every other value, as pairs: LLVM vectorises this gather
-                                // (element by element it did not: a stride-2 stem layer's
-                                // im2col cost more than its multiply-adds)
-                                let (last, body) = out.split_last_mut().unwrap();
-                                let pairs = row[first..first + 2 * body.len()].chunks_exact(2);
-                                for (d, pr) in body.iter_mut().zip(pairs) {
-                                    *d = pr[0];
-                                }
-                                *last = row[first + 2 * body.len()];
+                                every_other(out, &row[first..]);
                             } else {
                                 for (j, d) in out.iter_mut().enumerate() {
                                     *d = row[first + j * s];
@@ -1073,6 +1066,9 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
 /// dropped. (Row by row, a stride-2 layer's taps were runs of 28 or 14 values: 5 GFLOP/s.)
 /// Each output is the same fma chain as in [`tile_f32`] (from its bias, over the kernel taps
 /// in order, a padded tap multiplying zero), so this path gives the tiles' bits.
+/// Outputs of a depthwise run computed together in registers (four AVX2 vectors).
+const DW_CHUNK: usize = 32;
+
 fn depthwise_f32(
     g: &Geom,
     xc: &[f32],
@@ -1082,17 +1078,58 @@ fn depthwise_f32(
     pool: &dyn kernel_core::ThreadPool,
 ) {
     let (pos, og, kk) = (g.positions(), g.og(), g.kh * g.kw);
-    let (sh, sw) = (g.sh, g.sw);
-    // padded rows and columns any tap reads; a phase's rows and row length
-    let rows = (g.oh - 1) * sh + (g.kh - 1) * g.dh + 1;
-    let span = (g.ow - 1) * sw + (g.kw - 1) * g.dw + 1;
-    let (prows, plen) = (rows.div_ceil(sh), span.div_ceil(sw));
+    // padded rows and columns any tap reads
+    let rows = (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+    let span = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
+    // Column stride 2 on AVX2 CPUs: the plane is only padded, not split (`sh = sw = 1` below),
+    // and [`depthwise_s2_avx2`] takes each tap's 8 outputs as the even values of 16 in a row,
+    // split in registers; its rows hold the 16 values past the last 8-output chunk's start.
+    // (Split into phases, the fill's short gathers were three quarters of a 28x28 layer.)
+    let s2 = g.sw == 2 && simd_level() >= SimdLevel::Avx2Fma;
+    let (sh, sw) = if s2 { (1, 1) } else { (g.sh, g.sw) };
+    // a phase's rows and row length
+    let (prows, plen) = if s2 {
+        (rows, span.max(16 * g.ow.div_ceil(8) + (g.kw - 1) * g.dw))
+    } else {
+        (rows.div_ceil(sh), span.div_ceil(sw))
+    };
     // a tap's run: output rows at stride plen
     let len = (g.oh - 1) * plen + g.ow;
+    let full = len.div_ceil(DW_CHUNK) * DW_CHUNK;
+    // Where the input's values go in the phase-split plane: input row ih (padded row r = ih +
+    // pt, if a tap reads it) to phase row r % sh, row r / sh, from `row_at[ih]` on; in it,
+    // column phase p's entries lo..hi (entry m: input column m * sw + p - pl), as (offset of
+    // entry lo from the row's start, hi - lo, input column of entry lo)
+    let row_at: Vec<usize> = (0..g.h.min(rows.saturating_sub(g.pt)))
+        .map(|ih| {
+            let r = ih + g.pt;
+            (r % sh * sw * prows + r / sh) * plen
+        })
+        .collect();
+    let phase_cols: Vec<(usize, usize, usize)> = (0..sw)
+        .map(|p| {
+            let lo = g.pl.saturating_sub(p).div_ceil(sw).min(plen);
+            let hi = (g.w + g.pl).saturating_sub(p).div_ceil(sw).clamp(lo, plen);
+            // (lo * sw + p >= pl whenever hi > lo)
+            let first = (lo * sw + p).saturating_sub(g.pl);
+            (p * prows * plen + lo, hi - lo, first)
+        })
+        .filter(|&(_, n, _)| n > 0)
+        .collect();
     let grain = (4096 / pos.max(1)).max(1);
+    // tap (ki, kj) reads padded row oh * sh + ki * dh and column j * sw + kj * dw: phase
+    // ((ki * dh) % sh, (kj * dw) % sw), from its row (ki * dh) / sh and entry (kj * dw) / sw on
+    let tap_base: Vec<usize> = (0..kk)
+        .map(|tap| {
+            let (dr, dc) = ((tap / g.kw) * g.dh, (tap % g.kw) * g.dw);
+            ((dr % sh * sw + dc % sw) * prows + dr / sh) * plen + dc / sw
+        })
+        .collect();
     parallel_for(pool, g.n * g.o, grain, |range| {
-        let mut plane = vec![0f32; sh * sw * prows * plen];
-        let mut acc = vec![0f32; len];
+        // (DW_CHUNK more values than the phases hold: every chunk of the run is whole,
+        // the values past the run computed from zeros and dropped)
+        let mut plane = vec![0f32; sh * sw * prows * plen + DW_CHUNK];
+        let mut acc = vec![0f32; full];
         with_simd(
             #[inline(always)]
             || {
@@ -1101,99 +1138,175 @@ fn depthwise_f32(
                     let (img, oc) = (t / g.o, t % g.o);
                     let plane_in = (img * g.c + oc / og) * g.h * g.w;
                     let src = &xc[plane_in..plane_in + g.h * g.w];
-                    // the padded, phase-split plane (rebuilt only when the input channel
-                    // changes: a channel multiplier's outputs share it); a phase's rows past
-                    // the padded plane's are never read
+                    // the padded, phase-split plane, rebuilt only when the input channel
+                    // changes (a channel multiplier's outputs share it). Only the input's
+                    // values are written, the same entries for every channel: the padding
+                    // (and what no tap reads) stays zero from the allocation on.
                     if t == first_task || oc % og == 0 {
-                        for r in 0..rows {
-                            let ih = r.checked_sub(g.pt).filter(|&i| i < g.h);
-                            let at = |p: usize| ((r % sh * sw + p) * prows + r / sh) * plen;
-                            if let (Some(ih), 2) = (ih, sw) {
-                                // stride 2: the row's even and odd columns in one vectorised
-                                // deinterleaving pass (element by element, this gather was 60%
-                                // of a stride-2 layer's time). Input column c is padded column
-                                // c + pl: phase (c + pl) % 2, entry (c + pl) / 2; columns no
-                                // tap reads (from span - pl on) are left out.
-                                let row = &src[ih * g.w..(ih + 1) * g.w];
-                                let cols = g.w.min(span.saturating_sub(g.pl));
-                                let pe = g.pl % 2;
-                                let (oe, oo) = (g.pl / 2, g.pl.div_ceil(2));
-                                // the two phase rows, apart (phase 1's after phase 0's)
-                                let (lo, hi) = plane.split_at_mut(at(1));
-                                let (p0, p1) = (&mut lo[at(0)..at(0) + plen], &mut hi[..plen]);
-                                let (ev, od) = if pe == 0 { (p0, p1) } else { (p1, p0) };
-                                let pairs = cols / 2;
-                                ev[..oe].fill(0.0);
-                                od[..oo].fill(0.0);
-                                for ((e, o), pr) in ev[oe..oe + pairs]
-                                    .iter_mut()
-                                    .zip(&mut od[oo..oo + pairs])
-                                    .zip(row[..2 * pairs].chunks_exact(2))
-                                {
-                                    (*e, *o) = (pr[0], pr[1]);
+                        let rows_in = row_at.iter().enumerate();
+                        let at = |at: usize, off: usize, n: usize| at + off..at + off + n;
+                        match sw {
+                            1 => {
+                                for (ih, &r) in rows_in {
+                                    for &(off, n, first) in &phase_cols {
+                                        let row = &src[ih * g.w + first..ih * g.w + first + n];
+                                        copy_short(&mut plane[at(r, off, n)], row);
+                                    }
                                 }
-                                let ne = oe
-                                    + pairs
-                                    + if cols % 2 == 1 {
-                                        ev[oe + pairs] = row[2 * pairs];
-                                        1
-                                    } else {
-                                        0
-                                    };
-                                ev[ne..].fill(0.0);
-                                od[oo + pairs..].fill(0.0);
-                                continue;
                             }
-                            for p in 0..sw {
-                                let phase = &mut plane[at(p)..at(p) + plen];
-                                let Some(ih) = ih else {
-                                    phase.fill(0.0);
-                                    continue;
-                                };
-                                let row = &src[ih * g.w..(ih + 1) * g.w];
-                                // entry m is input column m * sw + p - pl: in the row for
-                                // m in lo..hi
-                                let lo = g.pl.saturating_sub(p).div_ceil(sw).min(plen);
-                                let hi =
-                                    (g.w + g.pl).saturating_sub(p).div_ceil(sw).clamp(lo, plen);
-                                phase[..lo].fill(0.0);
-                                phase[hi..].fill(0.0);
-                                // (lo * sw + p >= pl whenever hi > lo)
-                                let first = (lo * sw + p).saturating_sub(g.pl);
-                                if hi == lo {
-                                } else if sw == 1 {
-                                    phase[lo..hi].copy_from_slice(&row[first..first + hi - lo]);
-                                } else {
-                                    for (m, v) in phase[lo..hi].iter_mut().enumerate() {
-                                        *v = row[first + m * sw];
+                            2 => {
+                                for (ih, &r) in rows_in {
+                                    for &(off, n, first) in &phase_cols {
+                                        let row = &src[ih * g.w + first..(ih + 1) * g.w];
+                                        every_other(&mut plane[at(r, off, n)], row);
+                                    }
+                                }
+                            }
+                            _ => {
+                                for (ih, &r) in rows_in {
+                                    for &(off, n, first) in &phase_cols {
+                                        let row = &src[ih * g.w + first..(ih + 1) * g.w];
+                                        for (m, v) in plane[at(r, off, n)].iter_mut().enumerate() {
+                                            *v = row[m * sw];
+                                        }
                                     }
                                 }
                             }
                         }
                     }
-                    // tap (ki, kj) reads padded row oh * sh + ki * dh and column j * sw + kj *
-                    // dw: phase ((ki * dh) % sh, (kj * dw) % sw), from its row (ki * dh) / sh
-                    // and entry (kj * dw) / sw on
-                    acc.fill(bc[oc]);
-                    for (tap, &wv) in wc[oc * kk..(oc + 1) * kk].iter().enumerate() {
-                        let (dr, dc) = ((tap / g.kw) * g.dh, (tap % g.kw) * g.dw);
-                        let base = ((dr % sh * sw + dc % sw) * prows + dr / sh) * plen + dc / sw;
-                        for (a, &x) in acc.iter_mut().zip(&plane[base..base + len]) {
-                            *a = wv.mul_add(x, *a);
-                        }
-                    }
+                    // The run in chunks of DW_CHUNK outputs held in registers over all the
+                    // taps, stored once (tap by tap through `acc` in memory, the loads and
+                    // stores of the partial sums bound a 14x14 layer: 7 GFLOP/s); the same
+                    // chains in the same order.
+                    let taps = &wc[oc * kk..(oc + 1) * kk];
                     let out_plane = (img * g.o + oc) * pos;
+                    #[cfg(target_arch = "x86_64")]
+                    if s2 {
+                        // SAFETY: AVX2 and FMA (`s2`); the plane has `rows` rows of `plen >=
+                        // 16 * ceil(ow / 8) + (kw - 1) * dw` values, taps at `tap_base`
+                        // (row ki * dh, column kj * dw); output plane oc of image img: oh *
+                        // ow elements inside the n * o * pos output (checked by the caller),
+                        // written only by task t.
+                        unsafe {
+                            depthwise_s2_avx2(
+                                &plane[..rows * plen],
+                                plen,
+                                g.sh,
+                                &tap_base,
+                                taps,
+                                bc[oc],
+                                op.ptr().add(out_plane),
+                                g.oh,
+                                g.ow,
+                            )
+                        };
+                        continue;
+                    }
+                    for c0 in (0..full).step_by(DW_CHUNK) {
+                        let mut r = [bc[oc]; DW_CHUNK];
+                        for (&wv, &base) in taps.iter().zip(&tap_base) {
+                            let src: &[f32; DW_CHUNK] =
+                                plane[base + c0..base + c0 + DW_CHUNK].try_into().unwrap();
+                            for (a, &x) in r.iter_mut().zip(src) {
+                                *a = wv.mul_add(x, *a);
+                            }
+                        }
+                        acc[c0..c0 + DW_CHUNK].copy_from_slice(&r);
+                    }
                     for oh in 0..g.oh {
                         // SAFETY: output row oh of channel oc of image img: g.ow elements
                         // inside the n * o * pos output (checked by the caller), written only
                         // by task t.
-                        unsafe { op.slice(out_plane + oh * g.ow, g.ow) }
-                            .copy_from_slice(&acc[oh * plen..oh * plen + g.ow]);
+                        copy_short(
+                            unsafe { op.slice(out_plane + oh * g.ow, g.ow) },
+                            &acc[oh * plen..oh * plen + g.ow],
+                        );
                     }
                 }
             },
         );
     });
+}
+
+/// One channel of a depthwise convolution of column stride 2 in AVX2 + FMA, from its padded
+/// plane (row stride `pitch`): output row `r`'s 8-output chunk `jc` is, per tap, the even
+/// values of the 16 from `r * sh * pitch + 16 * jc + tap_base[tap]` on. `_mm256_shuffle_ps`
+/// takes them in the order 0 1 4 5 2 3 6 7 (per 128-bit lane); the sums stay in that order
+/// over all taps and are put right once before the store. Each output is the same fma chain
+/// as in [`tile_f32`] (from `bias`, over the taps in order). Four chunks at a time, for
+/// independent chains.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `plane` must hold `((oh - 1) * sh + max tap row + 1) *
+/// pitch` values with `pitch >= 16 * ceil(ow / 8) + max tap column` (checked); `out` must be
+/// valid for writes of `oh * ow` values that nothing else touches meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn depthwise_s2_avx2(
+    plane: &[f32],
+    pitch: usize,
+    sh: usize,
+    tap_base: &[usize],
+    taps: &[f32],
+    bias: f32,
+    out: *mut f32,
+    oh: usize,
+    ow: usize,
+) {
+    use std::arch::x86_64::*;
+    const K: usize = 4;
+    let nch = ow.div_ceil(8);
+    let chunks = oh * nch;
+    let chunk_base = |c: usize| (c / nch) * sh * pitch + (c % nch) * 16;
+    let last = tap_base.iter().max().copied().unwrap_or(0) + chunk_base(chunks - 1) + 16;
+    assert!(last <= plane.len(), "depthwise_s2_avx2: plane too short");
+    // the lanes of a row's last chunk that are outputs
+    let tail = ow - (nch - 1) * 8;
+    let lane = |i: i32| if (i as usize) < tail { -1 } else { 0 };
+    let mask = _mm256_setr_epi32(
+        lane(0),
+        lane(1),
+        lane(2),
+        lane(3),
+        lane(4),
+        lane(5),
+        lane(6),
+        lane(7),
+    );
+    let p = plane.as_ptr();
+    for q in (0..chunks).step_by(K) {
+        // chunks past the last repeat it: computed, never stored
+        let base: [usize; K] = std::array::from_fn(|i| chunk_base((q + i).min(chunks - 1)));
+        let mut acc = [_mm256_set1_ps(bias); K];
+        for (&w, &tb) in taps.iter().zip(tap_base) {
+            let wv = _mm256_set1_ps(w);
+            for (a, &b) in acc.iter_mut().zip(&base) {
+                // SAFETY: b + tb + 16 <= last <= plane.len() (asserted above).
+                let (lo, hi) = unsafe {
+                    (
+                        _mm256_loadu_ps(p.add(b + tb)),
+                        _mm256_loadu_ps(p.add(b + tb + 8)),
+                    )
+                };
+                *a = _mm256_fmadd_ps(wv, _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi), *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate().take(chunks - q) {
+            let (r, jc) = ((q + i) / nch, (q + i) % nch);
+            let v = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(*a)));
+            // SAFETY: output (r, 8 * jc ..) with r < oh, 8 * jc < ow: 8 values, or through the
+            // mask the row's `tail` last ones, inside the oh * ow the caller gave.
+            unsafe {
+                let dst = out.add(r * ow + 8 * jc);
+                if jc + 1 < nch || tail == 8 {
+                    _mm256_storeu_ps(dst, v);
+                } else {
+                    _mm256_maskstore_ps(dst, mask, v);
+                }
+            }
+        }
+    }
 }
 
 /// The im2col + micro-kernel tiles of [`conv2d_f32`].
@@ -1652,6 +1765,13 @@ mod depthwise_tests {
             // stride 2 across columns (its own deinterleaving fill): even widths, dilation
             (3, 2, [10, 16], [3, 2], [1, 2], [1, 2]),
             (2, 1, [9, 8], [5, 5], [2, 2], [1, 1]),
+            // stride-2 columns in AVX2 (8 outputs a chunk, 4 chunks at a time): rows of 14
+            // (a 6-output tail), of exactly 16 and of 17 to 19 (a 1-3 output tail), chunk
+            // counts that leave 1-3 of 4, a row stride of 1 and 2, column dilation
+            (3, 1, [28, 28], [3, 3], [2, 2], [1, 1]),
+            (2, 1, [15, 32], [3, 3], [1, 2], [1, 1]),
+            (2, 2, [19, 35], [3, 3], [2, 2], [2, 1]),
+            (2, 1, [7, 40], [3, 3], [1, 2], [1, 2]),
         ];
         for (c, og, hw, k, s, d) in shapes {
             for g in geom(c, og, hw, k, s, d) {

@@ -116,6 +116,9 @@ fn every_op_same_bits_at_every_level() {
     let ker = rng.vec(4 * 3 * 3 * 3, -1.0, 1.0);
     let cb = rng.vec(4, -1.0, 1.0);
     let cg = rng.vec(2 * 4 * 9 * 11, -1.0, 1.0);
+    // a depthwise conv2d (its own path; at stride 2 on AVX2 CPUs, split in registers)
+    let dimg = rng.vec(2 * 3 * 9 * 21, -1.0, 1.0);
+    let dker = rng.vec(3 * 3 * 3, -1.0, 1.0);
     let _turn = LEVEL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut first: Option<Vec<Vec<kernel_core::OwnedTensor>>> = None;
     for level in levels() {
@@ -165,6 +168,21 @@ fn every_op_same_bits_at_every_level() {
             );
             let conv_attrs = [("padding", int(1)), ("stride", int(1))];
             outs.push(run_ok("conv2d", &[&im, &kr, &bi], &conv_attrs));
+            for stride in [1, 2] {
+                outs.push(run_ok(
+                    "conv2d",
+                    &[
+                        &tensor(&dimg, &[2, 3, 9, 21], dt),
+                        &tensor(&dker, &[3, 1, 3, 3], dt),
+                        &tensor(&cb[..3], &[3], dt),
+                    ],
+                    &[
+                        ("padding", int(1)),
+                        ("stride", int(stride)),
+                        ("groups", int(3)),
+                    ],
+                ));
+            }
             let cgr = tensor(&cg, &[2, 4, 9, 11], dt);
             outs.push(run_ok(
                 "conv2d_backward",
