@@ -1117,6 +1117,19 @@ fn depthwise_f32(
         .filter(|&(_, n, _)| n > 0)
         .collect();
     let grain = (4096 / pos.max(1)).max(1);
+    // [`depthwise_s2_avx2`]'s chunks of 8 outputs, row by row: where a chunk's taps start in
+    // the plane, where its outputs go, whether it is its row's masked last chunk (computed per
+    // chunk and channel, the divisions were a third of the time)
+    let mut s2_chunks = Vec::new();
+    if s2 {
+        let nch = g.ow.div_ceil(8);
+        for r in 0..g.oh {
+            for jc in 0..nch {
+                let masked = jc + 1 == nch && !g.ow.is_multiple_of(8);
+                s2_chunks.push((r * g.sh * plen + 16 * jc, r * g.ow + 8 * jc, masked));
+            }
+        }
+    }
     // tap (ki, kj) reads padded row oh * sh + ki * dh and column j * sw + kj * dw: phase
     // ((ki * dh) % sh, (kj * dw) % sw), from its row (ki * dh) / sh and entry (kj * dw) / sw on
     let tap_base: Vec<usize> = (0..kk)
@@ -1183,16 +1196,16 @@ fn depthwise_f32(
                     #[cfg(target_arch = "x86_64")]
                     if s2 {
                         // SAFETY: AVX2 and FMA (`s2`); the plane has `rows` rows of `plen >=
-                        // 16 * ceil(ow / 8) + (kw - 1) * dw` values, taps at `tap_base`
-                        // (row ki * dh, column kj * dw); output plane oc of image img: oh *
-                        // ow elements inside the n * o * pos output (checked by the caller),
+                        // 16 * ceil(ow / 8) + (kw - 1) * dw` values, a chunk's taps from its
+                        // row's start + 16 * jc + kj * dw on; its outputs are those of row r
+                        // (8 from r * ow + 8 * jc, or the row's last ow % 8) of output plane oc
+                        // of image img: inside the n * o * pos output (checked by the caller),
                         // written only by task t.
                         unsafe {
                             depthwise_s2_avx2(
                                 &plane[..rows * plen],
-                                plen,
-                                g.sh,
                                 &tap_base,
+                                &s2_chunks,
                                 taps,
                                 bc[oc],
                                 op.ptr().add(out_plane),
@@ -1229,25 +1242,25 @@ fn depthwise_f32(
 }
 
 /// One channel of a depthwise convolution of column stride 2 in AVX2 + FMA, from its padded
-/// plane (row stride `pitch`): output row `r`'s 8-output chunk `jc` is, per tap, the even
-/// values of the 16 from `r * sh * pitch + 16 * jc + tap_base[tap]` on. `_mm256_shuffle_ps`
-/// takes them in the order 0 1 4 5 2 3 6 7 (per 128-bit lane); the sums stay in that order
-/// over all taps and are put right once before the store. Each output is the same fma chain
-/// as in [`tile_f32`] (from `bias`, over the taps in order). Four chunks at a time, for
-/// independent chains.
+/// plane: chunk `c` of 8 outputs (written from `out + at[c].1` on, only the row's `ow % 8` last
+/// ones where `at[c].2`) is, per tap, the even values of the 16 from `at[c].0 + tap_base[tap]`
+/// on. `_mm256_shuffle_ps` takes them in the order 0 1 4 5 2 3 6 7 (per 128-bit lane); the sums
+/// stay in that order over all taps and are put right once before the store. Each output is
+/// the same fma chain as in [`tile_f32`] (from `bias`, over the taps in order). Four chunks at
+/// a time, for independent chains.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA; `plane` must hold `((oh - 1) * sh + max tap row + 1) *
-/// pitch` values with `pitch >= 16 * ceil(ow / 8) + max tap column` (checked); `out` must be
-/// valid for writes of `oh * ow` values that nothing else touches meanwhile.
+/// The CPU must support AVX2 and FMA; `at` must have `oh * ceil(ow / 8)` entries (checked),
+/// every `at[c].0 + tap_base[tap] + 16 <= plane.len()` (checked for the last chunk, whose
+/// start is the largest); `out` must be valid for writes of the 8 (or, masked, `ow % 8`)
+/// values from each `out + at[c].1` on, which nothing else touches meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn depthwise_s2_avx2(
     plane: &[f32],
-    pitch: usize,
-    sh: usize,
     tap_base: &[usize],
+    at: &[(usize, usize, bool)],
     taps: &[f32],
     bias: f32,
     out: *mut f32,
@@ -1256,13 +1269,12 @@ unsafe fn depthwise_s2_avx2(
 ) {
     use std::arch::x86_64::*;
     const K: usize = 4;
-    let nch = ow.div_ceil(8);
-    let chunks = oh * nch;
-    let chunk_base = |c: usize| (c / nch) * sh * pitch + (c % nch) * 16;
-    let last = tap_base.iter().max().copied().unwrap_or(0) + chunk_base(chunks - 1) + 16;
+    let chunks = oh * ow.div_ceil(8);
+    assert_eq!(at.len(), chunks, "depthwise_s2_avx2: one entry per chunk");
+    let last = tap_base.iter().max().copied().unwrap_or(0) + at[chunks - 1].0 + 16;
     assert!(last <= plane.len(), "depthwise_s2_avx2: plane too short");
     // the lanes of a row's last chunk that are outputs
-    let tail = ow - (nch - 1) * 8;
+    let tail = ow - (ow.div_ceil(8) - 1) * 8;
     let lane = |i: i32| if (i as usize) < tail { -1 } else { 0 };
     let mask = _mm256_setr_epi32(
         lane(0),
@@ -1277,7 +1289,7 @@ unsafe fn depthwise_s2_avx2(
     let p = plane.as_ptr();
     for q in (0..chunks).step_by(K) {
         // chunks past the last repeat it: computed, never stored
-        let base: [usize; K] = std::array::from_fn(|i| chunk_base((q + i).min(chunks - 1)));
+        let base: [usize; K] = std::array::from_fn(|i| at[(q + i).min(chunks - 1)].0);
         let mut acc = [_mm256_set1_ps(bias); K];
         for (&w, &tb) in taps.iter().zip(tap_base) {
             let wv = _mm256_set1_ps(w);
@@ -1292,17 +1304,16 @@ unsafe fn depthwise_s2_avx2(
                 *a = _mm256_fmadd_ps(wv, _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi), *a);
             }
         }
-        for (i, a) in acc.iter().enumerate().take(chunks - q) {
-            let (r, jc) = ((q + i) / nch, (q + i) % nch);
+        for (a, &(_, o, masked)) in acc.iter().zip(&at[q..]) {
             let v = _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(*a)));
             // SAFETY: output (r, 8 * jc ..) with r < oh, 8 * jc < ow: 8 values, or through the
             // mask the row's `tail` last ones, inside the oh * ow the caller gave.
             unsafe {
-                let dst = out.add(r * ow + 8 * jc);
-                if jc + 1 < nch || tail == 8 {
-                    _mm256_storeu_ps(dst, v);
-                } else {
+                let dst = out.add(o);
+                if masked {
                     _mm256_maskstore_ps(dst, mask, v);
+                } else {
+                    _mm256_storeu_ps(dst, v);
                 }
             }
         }
