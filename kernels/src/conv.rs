@@ -628,21 +628,26 @@ impl Geom {
 /// converted copy.
 fn as_f32<'a, T: Scalar<C = f32>>(t: &TensorRef<'a>) -> Result<std::borrow::Cow<'a, [f32]>> {
     use std::borrow::Cow;
+    // (a strided tensor is gathered once: its contiguous copy is converted, not re-gathered)
     Ok(match t.contiguous::<T>()? {
         Cow::Borrowed(s) => match T::as_c(s) {
             Some(c) => Cow::Borrowed(c),
-            None => Cow::Owned(to_c::<T>(t)?),
+            None => Cow::Owned(load_c::<T>(s)),
         },
-        Cow::Owned(_) => Cow::Owned(to_c::<T>(t)?),
+        Cow::Owned(v) => Cow::Owned(load_c::<T>(&v)),
     })
 }
 
 /// A tensor's values in row-major order, in the compute type.
 fn to_c<T: Scalar>(t: &TensorRef) -> Result<Vec<T::C>> {
-    let v = t.contiguous::<T>()?;
+    Ok(load_c::<T>(&t.contiguous::<T>()?))
+}
+
+/// Contiguous values in the compute type.
+fn load_c<T: Scalar>(v: &[T]) -> Vec<T::C> {
     let mut out = vec![T::C::ZERO; v.len()];
-    T::load(&v, &mut out);
-    Ok(out)
+    T::load(v, &mut out);
+    out
 }
 
 /// `dst (m x n) = [dst +] lhs (m x k) * rhs (k x n)`, strides in elements (row stride, column
