@@ -221,6 +221,26 @@ def test_conv2d_against_numpy():
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_conv2d_reads_strided_views(dt):
+    # a transposed input and a weight read backwards (neither contiguous) give the convolution
+    # of the values they show: each output within one rounding per term of the float64 sum
+    # (float16: computed in float32, rounded once)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 3, 9, 8)).astype(dt).transpose(0, 1, 3, 2)
+    w = rng.normal(size=(4, 3, 3, 3)).astype(dt)[:, :, ::-1, :]
+    assert not x.flags.c_contiguous and not w.flags.c_contiguous
+    out = polyop.run("conv2d", x, w, None, padding=1)
+    assert out.dtype == np.dtype(dt)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+    want = np.einsum("nchwij,ocij->nohw", win, w.astype(np.float64))
+    mag = np.einsum("nchwij,ocij->nohw", np.abs(win), np.abs(w.astype(np.float64)))
+    err = np.abs(out.astype(np.float64) - want)
+    tol = 28 * 2.0**-24 * mag + (np.abs(want) * 2.0**-11 if dt == np.float16 else 0)
+    assert (err <= tol).all(), float((err - tol).max())
+
+
 def test_nonzero_and_data_dependent_shapes():
     x = np.array([[0, 3, 0], [4, 0, -1]], dtype=np.int32)
     np.testing.assert_array_equal(polyop.run("nonzero", x), np.argwhere(x))
