@@ -897,6 +897,24 @@ unsafe fn tile_f32(
     }
 }
 
+/// The mask of lanes `first..first + 8` of the first `n` values (all bits set where
+/// `first + lane < n`), for masked loads and stores of a row's first `n` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn lane_mask(n: usize, first: usize) -> std::arch::x86_64::__m256i {
+    let lane = |i: usize| if first + i < n { -1 } else { 0 };
+    std::arch::x86_64::_mm256_setr_epi32(
+        lane(0),
+        lane(1),
+        lane(2),
+        lane(3),
+        lane(4),
+        lane(5),
+        lane(6),
+        lane(7),
+    )
+}
+
 /// [`tile_f32`] in AVX2 + FMA: `2 * ROWS` accumulators of 8 lanes (`ROWS` rows x two
 /// vectors), the weights broadcast from `ROWS` row pointers (rows from `mr` on repeat row
 /// `mr - 1`: computed, never stored, never read past the weights). `ROWS` below `MR`
@@ -924,27 +942,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     n: usize,
 ) {
     use std::arch::x86_64::*;
-    let lane = |i: i32| if (i as usize) < n { -1 } else { 0 };
-    let m0 = _mm256_setr_epi32(
-        lane(0),
-        lane(1),
-        lane(2),
-        lane(3),
-        lane(4),
-        lane(5),
-        lane(6),
-        lane(7),
-    );
-    let m1 = _mm256_setr_epi32(
-        lane(8),
-        lane(9),
-        lane(10),
-        lane(11),
-        lane(12),
-        lane(13),
-        lane(14),
-        lane(15),
-    );
+    let (m0, m1) = (lane_mask(n, 0), lane_mask(n, 8));
     let mut acc = [_mm256_setzero_ps(); 2 * MR];
     for r in 0..ROWS {
         if first {
@@ -1280,17 +1278,7 @@ unsafe fn depthwise_s2_avx2(
     assert!(last <= plane.len(), "depthwise_s2_avx2: plane too short");
     // the lanes of a row's last chunk that are outputs
     let tail = ow - (ow.div_ceil(8) - 1) * 8;
-    let lane = |i: i32| if (i as usize) < tail { -1 } else { 0 };
-    let mask = _mm256_setr_epi32(
-        lane(0),
-        lane(1),
-        lane(2),
-        lane(3),
-        lane(4),
-        lane(5),
-        lane(6),
-        lane(7),
-    );
+    let mask = lane_mask(tail, 0);
     let p = plane.as_ptr();
     for q in (0..chunks).step_by(K) {
         // chunks past the last repeat it: computed, never stored
