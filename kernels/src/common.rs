@@ -1138,8 +1138,9 @@ pub fn every_other<T: Copy + 'static>(dst: &mut [T], src: &[T]) {
             )
         };
     }
-    for (j, v) in dst[done..].iter_mut().enumerate() {
-        *v = src[2 * (done + j)];
+    // the rest (all of it below AVX2 or for other types) as pairs, the last one maybe single
+    for (v, pair) in dst[done..].iter_mut().zip(src[2 * done..].chunks(2)) {
+        *v = pair[0];
     }
 }
 

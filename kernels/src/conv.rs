@@ -1060,6 +1060,9 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     Ok(())
 }
 
+/// Outputs of a depthwise run computed together in registers (four AVX2 vectors).
+const DW_CHUNK: usize = 32;
+
 /// Depthwise convolution (one input channel per group, fewer than `MR` output channels each,
 /// where the tiles would leave most of their rows empty), directly. Per (image, channel) task
 /// the input plane is copied once, zero-padded and split into `sh x sw` phases (padded row
@@ -1068,10 +1071,9 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
 /// `oh * plen + j` of the run, the columns between `ow` and the phase width `plen` computed and
 /// dropped. (Row by row, a stride-2 layer's taps were runs of 28 or 14 values: 5 GFLOP/s.)
 /// Each output is the same fma chain as in [`tile_f32`] (from its bias, over the kernel taps
-/// in order, a padded tap multiplying zero), so this path gives the tiles' bits.
-/// Outputs of a depthwise run computed together in registers (four AVX2 vectors).
-const DW_CHUNK: usize = 32;
-
+/// in order, a padded tap multiplying zero), so this path gives the tiles' bits. Column stride
+/// 2 on AVX2 CPUs is the exception to the phase split: [`depthwise_s2_avx2`] reads the padded
+/// plane as it is.
 fn depthwise_f32(
     g: &Geom,
     xc: &[f32],
@@ -1145,7 +1147,7 @@ fn depthwise_f32(
         // (DW_CHUNK more values than the phases hold: every chunk of the run is whole,
         // the values past the run computed from zeros and dropped)
         let mut plane = vec![0f32; sh * sw * prows * plen + DW_CHUNK];
-        let mut acc = vec![0f32; full];
+        let mut acc = vec![0f32; if s2 { 0 } else { full }];
         with_simd(
             #[inline(always)]
             || {
@@ -1159,41 +1161,19 @@ fn depthwise_f32(
                     // values are written, the same entries for every channel: the padding
                     // (and what no tap reads) stays zero from the allocation on.
                     if t == first_task || oc % og == 0 {
-                        let rows_in = row_at.iter().enumerate();
-                        let at = |at: usize, off: usize, n: usize| at + off..at + off + n;
+                        let (ra, pc) = (&row_at[..], &phase_cols[..]);
                         match sw {
-                            1 => {
-                                for (ih, &r) in rows_in {
-                                    for &(off, n, first) in &phase_cols {
-                                        let row = &src[ih * g.w + first..ih * g.w + first + n];
-                                        copy_short(&mut plane[at(r, off, n)], row);
-                                    }
+                            1 => fill_plane(&mut plane, src, g.w, ra, pc, |d, s| {
+                                copy_short(d, &s[..d.len()])
+                            }),
+                            2 => fill_plane(&mut plane, src, g.w, ra, pc, every_other),
+                            _ => fill_plane(&mut plane, src, g.w, ra, pc, |d, s| {
+                                for (m, v) in d.iter_mut().enumerate() {
+                                    *v = s[m * sw];
                                 }
-                            }
-                            2 => {
-                                for (ih, &r) in rows_in {
-                                    for &(off, n, first) in &phase_cols {
-                                        let row = &src[ih * g.w + first..(ih + 1) * g.w];
-                                        every_other(&mut plane[at(r, off, n)], row);
-                                    }
-                                }
-                            }
-                            _ => {
-                                for (ih, &r) in rows_in {
-                                    for &(off, n, first) in &phase_cols {
-                                        let row = &src[ih * g.w + first..(ih + 1) * g.w];
-                                        for (m, v) in plane[at(r, off, n)].iter_mut().enumerate() {
-                                            *v = row[m * sw];
-                                        }
-                                    }
-                                }
-                            }
+                            }),
                         }
                     }
-                    // The run in chunks of DW_CHUNK outputs held in registers over all the
-                    // taps, stored once (tap by tap through `acc` in memory, the loads and
-                    // stores of the partial sums bound a 14x14 layer: 7 GFLOP/s); the same
-                    // chains in the same order.
                     let taps = &wc[oc * kk..(oc + 1) * kk];
                     let out_plane = (img * g.o + oc) * pos;
                     #[cfg(target_arch = "x86_64")]
@@ -1218,6 +1198,10 @@ fn depthwise_f32(
                         };
                         continue;
                     }
+                    // The run in chunks of DW_CHUNK outputs held in registers over all the
+                    // taps, stored once (tap by tap through `acc` in memory, the loads and
+                    // stores of the partial sums bound a 14x14 layer: 7 GFLOP/s); the same
+                    // chains in the same order.
                     for c0 in (0..full).step_by(DW_CHUNK) {
                         let mut r = [bc[oc]; DW_CHUNK];
                         for (&wv, &base) in taps.iter().zip(&tap_base) {
@@ -1242,6 +1226,28 @@ fn depthwise_f32(
             },
         );
     });
+}
+
+/// The input's values into [`depthwise_f32`]'s padded plane: input row `ih` (of `w` values in
+/// `src`) at `row_at[ih]`, column phase by column phase (`cols`: offset from the row's start,
+/// entries, first input column), each by `gather(entries, row from that column on)`.
+#[inline(always)]
+fn fill_plane(
+    plane: &mut [f32],
+    src: &[f32],
+    w: usize,
+    row_at: &[usize],
+    cols: &[(usize, usize, usize)],
+    gather: impl Fn(&mut [f32], &[f32]),
+) {
+    for (ih, &r) in row_at.iter().enumerate() {
+        for &(off, n, first) in cols {
+            gather(
+                &mut plane[r + off..r + off + n],
+                &src[ih * w + first..(ih + 1) * w],
+            );
+        }
+    }
 }
 
 /// One channel of a depthwise convolution of column stride 2 in AVX2 + FMA, from its padded
@@ -1387,7 +1393,7 @@ fn gemm_tiles_f32(
     let plane = g.h * g.w;
     parallel_for(pool, base * splits, 1, |range| {
         let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
-        let mut packed = vec![0f32; if direct { kc * NR } else { 0 }];
+        let mut packed = vec![0f32; if direct && per >= 16 { kc * NR } else { 0 }];
         for t in range {
             let (bt, sp) = (t / splits, t % splits);
             let panel_range = sp * per..((sp + 1) * per).min(panels);
@@ -1772,9 +1778,8 @@ mod depthwise_tests {
         })
     }
 
-    /// The direct depthwise path gives the tiles' bits (same fma chains), including a -0.0
-    /// bias, padded taps and both pools; and both are within float32 rounding of a float64
-    /// reference (an independent check that the chains are the convolution).
+    /// 1x1 layers read in place, with their B rows packed per tile (16 or more panels) or
+    /// not: every output is its own fma chain from its bias, bit for bit.
     #[test]
     fn one_by_one_layers_with_many_panels_are_each_output_s_fma_chain() {
         // 1x1, stride 1, unpadded: read in place; 100 and 17 output channels (17 and 3
@@ -1823,6 +1828,9 @@ mod depthwise_tests {
         }
     }
 
+    /// The direct depthwise path gives the tiles' bits (same fma chains), including a -0.0
+    /// bias, padded taps and both pools; and both are within float32 rounding of a float64
+    /// reference (an independent check that the chains are the convolution).
     #[test]
     fn depthwise_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
         let shapes = [
