@@ -305,6 +305,11 @@ pub fn run<'t>(
         if phase == Phase::ShapesOnly {
             return Ok(());
         }
+        // Large fresh outputs would spend more time in page faults than in the kernel.
+        for v in &views {
+            let (lo, hi) = byte_range(v.ptr(), v.dtype, &v.shape, &v.strides);
+            crate::hugepages::advise_output(lo, hi);
+        }
         // An output that shares memory with an input (XLA `input_output_aliases`) would make
         // the kernel read through a shared view of memory it writes: such inputs are copied
         // first, so views never alias.

@@ -19,6 +19,7 @@ pub mod error;
 pub mod exec;
 pub mod ffi;
 pub mod fpenv;
+pub mod hugepages;
 pub mod onnx;
 pub mod op;
 pub mod parallel;
