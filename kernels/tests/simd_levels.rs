@@ -119,6 +119,10 @@ fn every_op_same_bits_at_every_level() {
     // a depthwise conv2d (its own path; at stride 2 on AVX2 CPUs, split in registers)
     let dimg = rng.vec(2 * 3 * 9 * 21, -1.0, 1.0);
     let dker = rng.vec(3 * 3 * 3, -1.0, 1.0);
+    // a 3x3 stride-1 conv2d with rows of 30 (on AVX2 CPUs its own path: no im2col)
+    let simg = rng.vec(8 * 6 * 30, -1.0, 1.0);
+    let sker = rng.vec(7 * 8 * 3 * 3, -1.0, 1.0);
+    let sb = rng.vec(7, -1.0, 1.0);
     let _turn = LEVEL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut first: Option<Vec<Vec<kernel_core::OwnedTensor>>> = None;
     for level in levels() {
@@ -183,6 +187,15 @@ fn every_op_same_bits_at_every_level() {
                     ],
                 ));
             }
+            outs.push(run_ok(
+                "conv2d",
+                &[
+                    &tensor(&simg, &[1, 8, 6, 30], dt),
+                    &tensor(&sker, &[7, 8, 3, 3], dt),
+                    &tensor(&sb, &[7], dt),
+                ],
+                &conv_attrs,
+            ));
             let cgr = tensor(&cg, &[2, 4, 9, 11], dt);
             outs.push(run_ok(
                 "conv2d_backward",
