@@ -926,6 +926,7 @@ fn lane_mask(n: usize, first: usize) -> std::arch::x86_64::__m256i {
 #[inline]
 unsafe fn tile_acc_init<const FULL: bool, const HALF: bool, const ROWS: usize>(
     c: *const f32,
+    c1: usize,
     ldc: usize,
     bias: *const f32,
     first: bool,
@@ -950,11 +951,11 @@ unsafe fn tile_acc_init<const FULL: bool, const HALF: bool, const ROWS: usize>(
                 let cp = c.add(r * ldc);
                 if FULL {
                     acc[2 * r] = _mm256_loadu_ps(cp);
-                    acc[2 * r + 1] = _mm256_loadu_ps(cp.add(8));
+                    acc[2 * r + 1] = _mm256_loadu_ps(cp.add(c1));
                 } else {
                     acc[2 * r] = _mm256_maskload_ps(cp, m0);
                     if !HALF {
-                        acc[2 * r + 1] = _mm256_maskload_ps(cp.add(8), m1);
+                        acc[2 * r + 1] = _mm256_maskload_ps(cp.add(c1), m1);
                     }
                 }
             }
@@ -973,6 +974,7 @@ unsafe fn tile_acc_init<const FULL: bool, const HALF: bool, const ROWS: usize>(
 unsafe fn tile_acc_store<const FULL: bool, const HALF: bool>(
     acc: &[std::arch::x86_64::__m256; 2 * MR],
     c: *mut f32,
+    c1: usize,
     ldc: usize,
     mr: usize,
     m0: std::arch::x86_64::__m256i,
@@ -986,11 +988,11 @@ unsafe fn tile_acc_store<const FULL: bool, const HALF: bool>(
             let cp = c.add(r * ldc);
             if FULL {
                 _mm256_storeu_ps(cp, acc[2 * r]);
-                _mm256_storeu_ps(cp.add(8), acc[2 * r + 1]);
+                _mm256_storeu_ps(cp.add(c1), acc[2 * r + 1]);
             } else {
                 _mm256_maskstore_ps(cp, m0, acc[2 * r]);
                 if !HALF {
-                    _mm256_maskstore_ps(cp.add(8), m1, acc[2 * r + 1]);
+                    _mm256_maskstore_ps(cp.add(c1), m1, acc[2 * r + 1]);
                 }
             }
         }
@@ -1026,7 +1028,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     use std::arch::x86_64::*;
     let (m0, m1) = (lane_mask(n, 0), lane_mask(n, 8));
     // SAFETY: the caller's contract for `c` and `bias`.
-    let mut acc = unsafe { tile_acc_init::<FULL, HALF, ROWS>(c, ldc, bias, first, mr, m0, m1) };
+    let mut acc = unsafe { tile_acc_init::<FULL, HALF, ROWS>(c, 8, ldc, bias, first, mr, m0, m1) };
     // SAFETY: min(r, mr - 1) < mr: the start of a weight row (caller's contract); mr >= 1.
     let rows: [*const f32; ROWS] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
     let mut bp = b;
@@ -1055,7 +1057,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
         }
     }
     // SAFETY: the caller's contract for `c`.
-    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, ldc, mr, m0, m1) };
+    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, 8, ldc, mr, m0, m1) };
 }
 
 /// conv2d for the types computed in f32 (f32, f16, bf16): im2col of a block of output
@@ -1533,16 +1535,13 @@ const SLAB_FLOATS: usize = 1 << 16;
 const SHIFTED_CHANNELS: usize = 28;
 
 /// Whether [`shifted3x3_f32`] computes this layer: 3x3, stride 1, no dilation, on a CPU with
-/// AVX2 and FMA, and output rows that fill its tiles well. Its tiles never span two output
-/// rows, so a row's last tile leaves lanes unused; where the im2col tiles waste fewer, they
-/// win. Measured, one thread (`op_loop conv:C,H,C,3,1,1,1`, GFLOP/s im2col -> shifted): rows
-/// of 16 65.7 -> 78.8, 28 67.6 -> 73.0, 56 69.5 -> 81.4, 112 68.6 -> 84.8; but rows of 14
-/// 66.9 -> 63.2 and of 20 64.7 -> 59.3.
+/// AVX2 and FMA. Measured against the im2col tiles, one thread (`op_loop conv:C,H,O,3,1,1,G`,
+/// GFLOP/s): 64x56x56 69.6 -> 87.9, 128x28x28 68.7 -> 74.3, 256x14x14 67.4 -> 71.4, 512x7x7
+/// 60.8 -> 64.2, 128x20x20 66.0 -> 69.1, 64x4x4 31.1 -> 36.0; no shape tried was slower.
 fn shifted3x3_applies(g: &Geom) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1)
-            && (g.ow.is_multiple_of(NR) || g.ow >= 28)
             && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -1554,13 +1553,15 @@ fn shifted3x3_applies(g: &Geom) -> bool {
 
 /// 3x3 stride-1 conv2d without im2col. Each task (image, group, block of output rows) copies
 /// the rows its outputs read, of the group's channels, once into a zero-padded slab `[channel]
-/// [row][ow + 2]`: the 9 kernel rows of channel `c` for the 16 outputs of a tile are then 9
-/// runs of the slab at fixed offsets (`c * cs + ki * (ow + 2) + kj`), read in place by
-/// [`tile3x3_avx2`]. (im2col wrote each input value 9 times: with its copies and zeroing, a
-/// sixth of a 56x56 layer's time.) Tiles stay within one output row. The weights are packed
-/// per panel, `[l][MR]`, rows past the group's last repeating it. Each output is the same fma
-/// chain as in [`tile_f32`] (its bias, then kernel rows in order, a padded tap multiplying
-/// zero), so the bits are the tiles'.
+/// [row][ow + 2]`: the 9 kernel rows of channel `c` for a run of output positions within one
+/// row are then 9 runs of the slab at fixed offsets (`c * cs + ki * (ow + 2) + kj`), read in
+/// place by [`tile3x3_avx2`]. (im2col wrote each input value 9 times: with its copies and
+/// zeroing, a sixth of a 56x56 layer's time.) The block's rows are cut into runs of at most 8
+/// positions and a tile takes two runs (its two vectors), so rows of 56, 14 or 7 fill the
+/// tiles as well as the flat positions did. The weights are read in place, as by the tiles
+/// (packing them cost more than it saved on deep layers). Each output is the same fma chain as
+/// in [`tile_f32`] (its bias, then kernel rows in order, a padded tap multiplying zero), so
+/// the bits are the tiles'.
 fn shifted3x3_f32(
     g: &Geom,
     xc: &[f32],
@@ -1572,16 +1573,6 @@ fn shifted3x3_f32(
     let (cg, og, pos, ckk) = (g.cg(), g.og(), g.positions(), g.ckk());
     let panels = og.div_ceil(MR);
     let bp = bias_panels(g, bc);
-    let mut wpk = vec![0f32; g.g * panels * ckk * MR];
-    for (q, dst) in wpk.chunks_exact_mut(ckk * MR).enumerate() {
-        let (grp, pi) = (q / panels, q % panels);
-        for r in 0..MR {
-            let row = &wc[(grp * og + (pi * MR + r).min(og - 1)) * ckk..][..ckk];
-            for (l, &v) in row.iter().enumerate() {
-                dst[l * MR + r] = v;
-            }
-        }
-    }
     let wpd = g.ow + 2;
     let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
     let threads = pool.num_threads().max(1);
@@ -1592,7 +1583,8 @@ fn shifted3x3_f32(
         }
     }
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
-    let slab_len = cg * (g.oh.div_ceil(blocks) + 2) * wpd;
+    // (8 values of slack: a run's last vector may reach past the last row)
+    let slab_len = cg * (g.oh.div_ceil(blocks) + 2) * wpd + 8;
     // fewer tasks than threads: split each over ranges of panels (as in `gemm_tiles_f32`)
     let base = g.n * g.g * blocks;
     let splits = if base >= threads {
@@ -1633,39 +1625,51 @@ fn shifted3x3_f32(
             }
             for c0 in (0..cg).step_by(nc) {
                 let ncc = nc.min(cg - c0);
-                for oh in oh0..oh1 {
-                    for ow0 in (0..g.ow).step_by(NR) {
-                        let n = NR.min(g.ow - ow0);
-                        for pi in panel_range.clone() {
-                            let oc0 = grp * og + pi * MR;
-                            let mr = MR.min(og - pi * MR);
-                            // SAFETY: the packed weights of panel pi hold ckk * MR values from
-                            // ((grp * panels + pi) * ckk) * MR; from kernel row c0 * 9 on,
-                            // ncc * 9 rows (c0 + ncc <= cg) are read. The slab holds cg
-                            // channels of cs = rin * wpd values; the tile reads channels c0..c0
-                            // + ncc, rows oh - oh0 + ki <= rin - 1, columns ow0 + kj + j <
-                            // ow + 2 = wpd (j < n <= ow - ow0, kj <= 2). The output rows oc0..
-                            // oc0 + mr (< o) at positions oh * ow + ow0.. (+ n <= pos) of image
-                            // img lie inside the n * o * pos output, and only task t touches
-                            // them (its panels, its rows; the c0 == 0 pass writes them before
-                            // later passes read them); the output is neither the input nor a
-                            // task buffer; the bias panel has MR entries.
-                            unsafe {
-                                tile3x3_avx2_dispatch(
-                                    ncc,
-                                    wpk.as_ptr().add(((grp * panels + pi) * ckk + c0 * 9) * MR),
-                                    slab.as_ptr().add(c0 * cs + (oh - oh0) * wpd + ow0),
-                                    cs,
-                                    wpd,
-                                    op.ptr().add((img * g.o + oc0) * pos + oh * g.ow + ow0),
-                                    pos,
-                                    bp.as_ptr().add((grp * panels + pi) * MR),
-                                    c0 == 0,
-                                    mr,
-                                    n,
-                                )
-                            };
-                        }
+                // the block's rows cut into runs of at most 8 positions, taken two at a time
+                let (spr, segs) = (g.ow.div_ceil(8), (oh1 - oh0) * g.ow.div_ceil(8));
+                let seg = |i: usize| {
+                    let (r, ow0) = (i / spr, i % spr * 8);
+                    (r * wpd + ow0, (oh0 + r) * g.ow + ow0, 8.min(g.ow - ow0))
+                };
+                for s0 in (0..segs).step_by(2) {
+                    let (b0, o0, n0) = seg(s0);
+                    let (b1, o1, n1) = if s0 + 1 < segs {
+                        seg(s0 + 1)
+                    } else {
+                        (b0, o0, 0)
+                    };
+                    for pi in panel_range.clone() {
+                        let oc0 = grp * og + pi * MR;
+                        let mr = MR.min(og - pi * MR);
+                        // SAFETY: the packed weights of panel pi hold ckk * MR values from
+                        // ((grp * panels + pi) * ckk) * MR; from kernel row c0 * 9 on, ncc * 9
+                        // rows (c0 + ncc <= cg) are read. The slab holds cg channels of cs =
+                        // rin * wpd values; each run reads channels c0..c0 + ncc, from its row
+                        // r < oh1 - oh0 the rows r + ki <= rin - 1, columns ow0 + kj + j < ow +
+                        // 2 = wpd (j < n <= ow - ow0, kj <= 2). The output rows oc0..oc0 + mr
+                        // (< o) at the runs' positions (oh0 + r) * ow + ow0.. (+ n <= pos) of
+                        // image img lie inside the n * o * pos output, and only task t touches
+                        // them (its panels, its rows; the c0 == 0 pass writes them before later
+                        // passes read them); the output is neither the input nor a task buffer;
+                        // the bias panel has MR entries. The second run follows the first.
+                        unsafe {
+                            tile3x3_avx2_dispatch(
+                                ncc,
+                                wc.as_ptr().add(oc0 * ckk + c0 * 9),
+                                ckk,
+                                slab.as_ptr().add(c0 * cs + b0),
+                                b1 - b0,
+                                cs,
+                                wpd,
+                                op.ptr().add((img * g.o + oc0) * pos + o0),
+                                o1 - o0,
+                                pos,
+                                bp.as_ptr().add((grp * panels + pi) * MR),
+                                c0 == 0,
+                                mr,
+                                [n0, n1],
+                            )
+                        };
                     }
                 }
             }
@@ -1673,7 +1677,8 @@ fn shifted3x3_f32(
     });
 }
 
-/// [`tile3x3_avx2`] for a tile of `n` positions: full, half or masked.
+/// [`tile3x3_avx2`] for two runs of `n[0]` and `n[1]` positions: both whole (8), one alone,
+/// or masked.
 ///
 /// # Safety
 /// As [`tile3x3_avx2`].
@@ -1682,90 +1687,97 @@ fn shifted3x3_f32(
 unsafe fn tile3x3_avx2_dispatch(
     nc: usize,
     a: *const f32,
+    lda: usize,
     b: *const f32,
+    b1: usize,
     cs: usize,
     wpd: usize,
     c: *mut f32,
+    c1: usize,
     ldc: usize,
     bias: *const f32,
     first: bool,
     mr: usize,
-    n: usize,
+    n: [usize; 2],
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `shifted3x3_applies` chose this path only on a CPU with AVX2 and FMA; the
     // pointer contract is the caller's.
     unsafe {
-        match (n == NR, n <= NR / 2) {
-            (true, _) => tile3x3_avx2::<true, false>(nc, a, b, cs, wpd, c, ldc, bias, first, mr, n),
-            (false, true) => {
-                tile3x3_avx2::<false, true>(nc, a, b, cs, wpd, c, ldc, bias, first, mr, n)
-            }
-            (false, false) => {
-                tile3x3_avx2::<false, false>(nc, a, b, cs, wpd, c, ldc, bias, first, mr, n)
-            }
+        let args = (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n);
+        match n {
+            [8, 8] => tile3x3_avx2::<true, false>(args),
+            [_, 0] => tile3x3_avx2::<false, true>(args),
+            _ => tile3x3_avx2::<false, false>(args),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (nc, a, b, cs, wpd, c, ldc, bias, first, mr, n);
+    let _ = (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n);
 }
 
-/// One tile of [`shifted3x3_f32`]: as [`tile_avx2`] with `ROWS == MR`, over the kernel rows
-/// of `nc` input channels, whose values for the tile's positions are read straight from the
-/// slab: kernel row `9 * ch + 3 * ki + kj` at `b + ch * cs + ki * wpd + kj`. `a` is the
-/// panel's packed weights from the first of those rows, `[l][MR]`.
+/// One tile of [`shifted3x3_f32`]: as [`tile_avx2`] with `ROWS == MR`, for two runs of
+/// positions (lanes 0-7 and 8-15: `n[0]` and `n[1]` of them, the second at `b + b1` in the
+/// slab and `c + c1` in the output), over the kernel rows of `nc` input channels, whose
+/// values are read straight from the slab: kernel row `9 * ch + 3 * ki + kj` of a run at
+/// `ch * cs + ki * wpd + kj` from the run's start. `a` is the panel's packed weights from
+/// the first of those rows, `[l][MR]`. `FULL`: both runs are 8 long; `HALF`: no second run.
 ///
 /// # Safety
-/// `a` valid for `9 * nc * MR` reads; `b` for reads of `b[ch * cs + ki * wpd + kj + j]`
-/// (`ch < nc`, `ki, kj < 3`, `j < n`); `bias` for `MR` reads; `c` as in [`tile_f32`];
-/// `mr <= MR`, `n <= NR`; the CPU supports AVX2 and FMA.
+/// `a` valid for `9 * nc * MR` reads; `b` and `b + b1` for reads of `[ch * cs + ki * wpd + kj
+/// + j]` (`ch < nc`, `ki, kj < 3`, `j` below the run's length); `bias` for `MR` reads; rows
+/// `r < mr` (stride `ldc`) of `c` and `c + c1` as `c` in [`tile_f32`], for each run's
+/// length; `mr <= MR`, runs of at most 8; the CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::type_complexity)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile3x3_avx2<const FULL: bool, const HALF: bool>(
-    nc: usize,
-    a: *const f32,
-    b: *const f32,
-    cs: usize,
-    wpd: usize,
-    c: *mut f32,
-    ldc: usize,
-    bias: *const f32,
-    first: bool,
-    mr: usize,
-    n: usize,
+    (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n): (
+        usize,
+        *const f32,
+        usize,
+        *const f32,
+        usize,
+        usize,
+        usize,
+        *mut f32,
+        usize,
+        usize,
+        *const f32,
+        bool,
+        usize,
+        [usize; 2],
+    ),
 ) {
     use std::arch::x86_64::*;
-    let (m0, m1) = (lane_mask(n, 0), lane_mask(n, 8));
+    let (m0, m1) = (lane_mask(n[0], 0), lane_mask(n[1], 0));
     // SAFETY: the caller's contract for `c` and `bias`, as `tile_avx2`'s.
-    let mut acc = unsafe { tile_acc_init::<FULL, HALF, MR>(c, ldc, bias, first, mr, m0, m1) };
+    let mut acc = unsafe { tile_acc_init::<FULL, HALF, MR>(c, c1, ldc, bias, first, mr, m0, m1) };
     // One loop over the kernel rows, the slab position stepped by counters: with the taps
     // written out as nested loops, the compiler unrolled all nine and spilled accumulators.
-    let (mut ap, mut bp) = (a, b);
+    // SAFETY: min(r, mr - 1) < mr: the start of a weight row (caller's contract); mr >= 1.
+    let rows: [*const f32; MR] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
+    let mut bp = b;
     let (mut kj, mut ki) = (0, 0);
-    for _ in 0..9 * nc {
+    for l in 0..9 * nc {
         // SAFETY: the loop visits kernel rows 9 * ch + 3 * ki + kj in order, `bp` at `b + ch
         // * cs + ki * wpd + kj` and `ap` at that row of the packed weights: inside the
         // caller's ranges (ch < nc, ki, kj < 3).
         unsafe {
-            let (b0, b1) = if FULL {
-                (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
-            } else if HALF {
-                (_mm256_maskload_ps(bp, m0), _mm256_setzero_ps())
+            // (whole vectors: lanes past a run read slab values that are computed and
+            // dropped, cheaper than masked loads)
+            let v0 = _mm256_loadu_ps(bp);
+            let v1 = if HALF {
+                _mm256_setzero_ps()
             } else {
-                (
-                    _mm256_maskload_ps(bp, m0),
-                    _mm256_maskload_ps(bp.add(8), m1),
-                )
+                _mm256_loadu_ps(bp.add(b1))
             };
-            for r in 0..MR {
-                let av = _mm256_broadcast_ss(&*ap.add(r));
-                acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
+            for (r, row) in rows.iter().enumerate() {
+                let av = _mm256_broadcast_ss(&*row.add(l));
+                acc[2 * r] = _mm256_fmadd_ps(av, v0, acc[2 * r]);
                 if !HALF {
-                    acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
+                    acc[2 * r + 1] = _mm256_fmadd_ps(av, v1, acc[2 * r + 1]);
                 }
             }
-            ap = ap.add(MR);
         }
         // (wrapping: the step past the last row is never dereferenced)
         kj += 1;
@@ -1781,7 +1793,7 @@ unsafe fn tile3x3_avx2<const FULL: bool, const HALF: bool>(
         }
     }
     // SAFETY: as for the initial values.
-    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, ldc, mr, m0, m1) };
+    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, c1, ldc, mr, m0, m1) };
 }
 
 fn conv2d_cpu(ctx: &mut KernelCtx) -> Result<()> {
@@ -2115,25 +2127,32 @@ mod depthwise_tests {
 
     /// The shifted 3x3 path (a padded slab read in place, no im2col) gives the im2col tiles'
     /// bits (same fma chains, a -0.0 bias kept) and is within float32 rounding of a float64
-    /// reference: full, masked and half tiles, several channel passes and row blocks, groups,
-    /// a partial panel, asymmetric pads and pads wider than the kernel.
+    /// reference: whole, short and single runs, tiles spanning two rows, several channel
+    /// passes and row blocks, groups, a partial panel, asymmetric pads and pads wider than
+    /// the kernel.
     #[test]
     fn shifted_3x3_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
-        if !matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512) {
+        // (the CPU's own level: other tests force the process-wide one meanwhile)
+        if !matches!(crate::cpu_simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512) {
             return; // (the path runs only on AVX2 CPUs; `simd_levels.rs` covers the rest)
         }
         let cases = [
-            // rows of 16: full tiles; 13 outputs: a panel of one row
+            // rows of 16: two whole runs a tile; 13 outputs: a panel of one row
             geom3(2, 8, 13, 1, [6, 16], [1, 1, 1, 1]),
-            // 70 channels: three passes of at most 28; two row blocks; rows of 28 (16 + 12)
+            // 70 channels: three passes of at most 28; two row blocks; rows of 28 (runs of 8,
+            // 8, 8 and 4)
             geom3(1, 70, 12, 1, [40, 28], [1, 1, 1, 1]),
-            // two groups, asymmetric pads, rows of 56 (three full tiles and a half one)
+            // two groups, asymmetric pads, rows of 56: 7 runs a row, tiles across two rows,
+            // an odd count (the last tile one run)
             geom3(2, 12, 12, 2, [9, 54], [0, 2, 1, 3]),
             // pads wider than the kernel: whole padded rows and columns; rows of 39
             geom3(1, 4, 7, 1, [5, 30], [4, 0, 5, 6]),
+            // rows of 7 (each tile two rows), three groups of two channels
+            geom3(2, 6, 9, 3, [7, 7], [1, 1, 1, 1]),
+            // one output position
+            geom3(1, 5, 6, 1, [3, 3], [0, 0, 0, 0]),
         ];
         for g in cases {
-            assert!(shifted3x3_applies(&g), "{g:?}");
             let x = values(g.n * g.c * g.h * g.w, 1);
             let w = values(g.o * g.ckk(), 2);
             let mut b = values(g.o, 3);
