@@ -1381,6 +1381,62 @@ fn bias_panels(g: &Geom, bc: &[f32]) -> Vec<f32> {
     bp
 }
 
+/// How a conv2d f32 call is cut into tasks: `(blocks, splits, panel_major)`. Position blocks
+/// start at `blocks` (what the caches allow); ranges of output-channel panels (`splits` per
+/// image and group) share the work when the images and blocks are too few for the threads.
+/// Where a group's weights outweigh its positions (`og > positions`: the deep layers of a
+/// network at batch 1), a task is panel-major: its share of the panels over every block of
+/// an image, so each thread reads only its part of the weights (split by positions, every
+/// thread streamed all of them: one 256 -> 1024 1x1 layer at 14x14 ran 1.65x faster on two
+/// threads than on one). Otherwise blocks grow (up to `max_blocks`) until the tasks divide
+/// among the threads, and only a single block per thread is split over panels (a repeated
+/// im2col cost more than the idle share: 28x28 3x3 128 channels 1.87 -> 2.22 ms). An
+/// output's chain is the same whichever task computes it, so results do not change.
+fn split_work(
+    g: &Geom,
+    mut blocks: usize,
+    max_blocks: usize,
+    panels: usize,
+    threads: usize,
+) -> (usize, usize, bool) {
+    let images = g.n * g.g;
+    let panel_major = g.og() > g.positions() && images < 8 * threads;
+    let units = if panel_major {
+        images
+    } else {
+        if images * blocks < 8 * threads {
+            while !(images * blocks).is_multiple_of(threads) && blocks < max_blocks {
+                blocks += 1;
+            }
+        }
+        images * blocks
+    };
+    let mut splits = 1;
+    if units < threads || (panel_major && !units.is_multiple_of(threads)) {
+        while (units * splits < threads || !(units * splits).is_multiple_of(threads))
+            && splits < panels
+        {
+            splits += 1;
+        }
+    }
+    (blocks, splits, panel_major)
+}
+
+/// Task `q`'s image, group and position blocks: one block, or all of them (`panel_major`).
+fn task_blocks(
+    g: &Geom,
+    q: usize,
+    blocks: usize,
+    panel_major: bool,
+) -> (usize, usize, std::ops::Range<usize>) {
+    if panel_major {
+        (q / g.g, q % g.g, 0..blocks)
+    } else {
+        let b = q % blocks;
+        (q / (g.g * blocks), (q / blocks) % g.g, b..b + 1)
+    }
+}
+
 fn gemm_tiles_f32(
     g: &Geom,
     xc: &[f32],
@@ -1398,13 +1454,13 @@ fn gemm_tiles_f32(
     // 64] positions, or 7 on 2 threads, left a thread idle up to a third of the call.)
     let tiles = pos.div_ceil(NR);
     let threads = pool.num_threads().max(1);
-    let mut blocks = pos.div_ceil(f32_pos_block(ckk));
-    // (not below 4 tiles a block: a 7x7 plane is better split over output channels, below)
-    if g.n * g.g * blocks < 8 * threads {
-        while !(g.n * g.g * blocks).is_multiple_of(threads) && blocks < tiles / 4 {
-            blocks += 1;
-        }
-    }
+    let (blocks, splits, panel_major) = split_work(
+        g,
+        pos.div_ceil(f32_pos_block(ckk)),
+        tiles / 4,
+        panels,
+        threads,
+    );
     // block b holds tiles b * tiles / blocks .. (b + 1) * tiles / blocks
     let block_range = |b: usize| {
         (
@@ -1420,18 +1476,6 @@ fn gemm_tiles_f32(
     // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
     // KiB) stays in L1 while every output-channel panel uses it
     let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
-    // Fewer (image, group, block) tasks than threads (one image of a deep layer: 7x7 positions,
-    // one block): each is split further over ranges of output-channel panels, every task then
-    // filling the same im2col block for its panels. An output's chain is the same whichever
-    // task computes it, so results do not change. (Splitting also where a few blocks divide
-    // unevenly among the threads was measured and lost: the repeated im2col cost more than the
-    // idle share, 28x28 3x3 128 channels 1.87 -> 2.22 ms.)
-    let base = g.n * g.g * blocks;
-    let splits = if base >= threads {
-        1
-    } else {
-        threads.div_ceil(base).clamp(1, panels.max(1))
-    };
     let per = panels.div_ceil(splits).max(1);
     // A 1x1, stride-1, unpadded convolution's im2col block is the input itself (row l of a
     // block is channel l's plane from position p0 on): the tiles read it in place, row stride
@@ -1445,81 +1489,84 @@ fn gemm_tiles_f32(
         && g.pl == 0
         && (g.oh, g.ow) == (g.h, g.w);
     let plane = g.h * g.w;
-    parallel_for(pool, base * splits, 1, |range| {
+    let tasks = g.n * g.g * if panel_major { 1 } else { blocks } * splits;
+    parallel_for(pool, tasks, 1, |range| {
         let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
         let mut packed = vec![0f32; if direct && per >= 16 { kc * NR } else { 0 }];
         for t in range {
-            let (bt, sp) = (t / splits, t % splits);
+            let (q, sp) = (t / splits, t % splits);
             let panel_range = sp * per..((sp + 1) * per).min(panels);
             if panel_range.is_empty() {
                 continue;
             }
-            let (img, grp, b) = (bt / (g.g * blocks), (bt / blocks) % g.g, bt % blocks);
-            let (p0, p1) = block_range(b);
-            let width = p1 - p0;
-            // Read in place, a tile's B rows lie a plane apart; with many output-channel panels
-            // to reuse them, they are first packed into one contiguous kc x NR slice (a 1x1
-            // layer 64 -> 256 at 56x56: 79 -> 86 GFLOP/s; with fewer than 16 panels the copy
-            // cost more than it saved). Same values, same chains.
-            let pack_b = direct && panel_range.len() >= 16;
-            // the block: `ckk` rows of `width` values, row l at `b0 + l * ldb`
-            let (b0, ldb) = if direct {
-                (&xc[(img * g.c + grp * ckk) * plane + p0..], plane)
-            } else {
-                g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
-                (&col[..], ld)
-            };
-            for l0 in (0..ckk).step_by(kc) {
-                let k = kc.min(ckk - l0);
-                for j0 in (0..width).step_by(NR) {
-                    let n = NR.min(width - j0);
-                    if pack_b {
-                        for l in 0..k {
-                            let src = &b0[(l0 + l) * ldb + j0..(l0 + l) * ldb + j0 + n];
-                            copy_short(&mut packed[l * NR..l * NR + n], src);
+            let (img, grp, bs) = task_blocks(g, q, blocks, panel_major);
+            for b in bs {
+                let (p0, p1) = block_range(b);
+                let width = p1 - p0;
+                // Read in place, a tile's B rows lie a plane apart; with many output-channel panels
+                // to reuse them, they are first packed into one contiguous kc x NR slice (a 1x1
+                // layer 64 -> 256 at 56x56: 79 -> 86 GFLOP/s; with fewer than 16 panels the copy
+                // cost more than it saved). Same values, same chains.
+                let pack_b = direct && panel_range.len() >= 16;
+                // the block: `ckk` rows of `width` values, row l at `b0 + l * ldb`
+                let (b0, ldb) = if direct {
+                    (&xc[(img * g.c + grp * ckk) * plane + p0..], plane)
+                } else {
+                    g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
+                    (&col[..], ld)
+                };
+                for l0 in (0..ckk).step_by(kc) {
+                    let k = kc.min(ckk - l0);
+                    for j0 in (0..width).step_by(NR) {
+                        let n = NR.min(width - j0);
+                        if pack_b {
+                            for l in 0..k {
+                                let src = &b0[(l0 + l) * ldb + j0..(l0 + l) * ldb + j0 + n];
+                                copy_short(&mut packed[l * NR..l * NR + n], src);
+                            }
                         }
-                    }
-                    let (bsrc, bld) = if pack_b {
-                        (packed.as_ptr(), NR)
-                    } else {
-                        (b0[l0 * ldb + j0..].as_ptr(), ldb)
-                    };
-                    for pi in panel_range.clone() {
-                        let oc0 = grp * og + pi * MR;
-                        let mr = MR.min(og - pi * MR);
-                        // SAFETY: `bsrc` is `packed` (k rows of stride NR whose first n
-                        // values were just copied from b0's rows l0.., columns j0..; kc * NR
-                        // long, k <= kc) or b0 from row l0, column j0 on. `b0` holds ckk rows
-                        // of stride ldb >= width, of which rows l0..l0 + k (<= ckk), columns
-                        // j0..j0 + n (<= width) are read: `col`
-                        // just filled (ld >= pb >= width), or the input from channel grp *
-                        // ckk's position p0 on, whose row l0 + k - 1's column j0 + n - 1 is
-                        // input element (img * c + grp * ckk + l) * plane + p0 + j < n * c *
-                        // plane (l < ckk = c / g channels of group grp, p0 + j < pos = plane);
-                        // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
-                        // of each, are read (inside the o * ckk `wc`, checked above), and the
-                        // panel's MR bias entries, inside `bp`; the
-                        // destination rows oc0..oc0 + mr (< o: the group's channels) at
-                        // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
-                        // pos output (checked above), and only task t touches those rows
-                        // (its panels) of that block of image img, group grp, positions
-                        // p0..p1 (written by the l0 == 0 tile before later ones read it); the
-                        // output is neither the input nor a task buffer.
-                        unsafe {
-                            tile_f32(
-                                k,
-                                wc.as_ptr().add(oc0 * ckk + l0),
-                                ckk,
-                                bsrc,
-                                bld,
-                                op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
-                                pos,
-                                bp.as_ptr().add((grp * panels + pi) * MR),
-                                l0 == 0,
-                                mr,
-                                n,
-                            )
+                        let (bsrc, bld) = if pack_b {
+                            (packed.as_ptr(), NR)
+                        } else {
+                            (b0[l0 * ldb + j0..].as_ptr(), ldb)
                         };
+                        for pi in panel_range.clone() {
+                            let oc0 = grp * og + pi * MR;
+                            let mr = MR.min(og - pi * MR);
+                            // SAFETY: `bsrc` is `packed` (k rows of stride NR whose first n
+                            // values were just copied from b0's rows l0.., columns j0..; kc * NR
+                            // long, k <= kc) or b0 from row l0, column j0 on. `b0` holds ckk rows
+                            // of stride ldb >= width, of which rows l0..l0 + k (<= ckk), columns
+                            // j0..j0 + n (<= width) are read: `col`
+                            // just filled (ld >= pb >= width), or the input from channel grp *
+                            // ckk's position p0 on, whose row l0 + k - 1's column j0 + n - 1 is
+                            // input element (img * c + grp * ckk + l) * plane + p0 + j < n * c *
+                            // plane (l < ckk = c / g channels of group grp, p0 + j < pos = plane);
+                            // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
+                            // of each, are read (inside the o * ckk `wc`, checked above), and the
+                            // panel's MR bias entries, inside `bp`; the
+                            // destination rows oc0..oc0 + mr (< o: the group's channels) at
+                            // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
+                            // pos output (checked above), and only task t touches those rows
+                            // (its panels) of that block of image img, group grp, positions
+                            // p0..p1 (written by the l0 == 0 tile before later ones read it); the
+                            // output is neither the input nor a task buffer.
+                            unsafe {
+                                tile_f32(
+                                    k,
+                                    wc.as_ptr().add(oc0 * ckk + l0),
+                                    ckk,
+                                    bsrc,
+                                    bld,
+                                    op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
+                                    pos,
+                                    bp.as_ptr().add((grp * panels + pi) * MR),
+                                    l0 == 0,
+                                    mr,
+                                    n,
+                                )
+                            };
+                        }
                     }
                 }
             }
@@ -1576,100 +1623,91 @@ fn shifted3x3_f32(
     let wpd = g.ow + 2;
     let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
     let threads = pool.num_threads().max(1);
-    let mut blocks = g.oh.div_ceil(rows);
-    if g.n * g.g * blocks < 8 * threads {
-        while !(g.n * g.g * blocks).is_multiple_of(threads) && blocks < g.oh {
-            blocks += 1;
-        }
-    }
+    let (blocks, splits, panel_major) = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads);
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
     // (8 values of slack: a run's last vector may reach past the last row)
     let slab_len = cg * (g.oh.div_ceil(blocks) + 2) * wpd + 8;
-    // fewer tasks than threads: split each over ranges of panels (as in `gemm_tiles_f32`)
-    let base = g.n * g.g * blocks;
-    let splits = if base >= threads {
-        1
-    } else {
-        threads.div_ceil(base).clamp(1, panels.max(1))
-    };
     let per = panels.div_ceil(splits).max(1);
     let nc = cg.div_ceil(cg.div_ceil(SHIFTED_CHANNELS));
-    parallel_for(pool, base * splits, 1, |range| {
+    let tasks = g.n * g.g * if panel_major { 1 } else { blocks } * splits;
+    parallel_for(pool, tasks, 1, |range| {
         let mut slab = vec![0f32; slab_len];
         for t in range {
-            let (bt, sp) = (t / splits, t % splits);
+            let (q, sp) = (t / splits, t % splits);
             let panel_range = sp * per..((sp + 1) * per).min(panels);
             if panel_range.is_empty() {
                 continue;
             }
-            let (img, grp, b) = (bt / (g.g * blocks), (bt / blocks) % g.g, bt % blocks);
-            let (oh0, oh1) = block_rows(b);
-            let rin = oh1 - oh0 + 2;
-            let cs = rin * wpd;
-            // slab column q holds input column q - pl, row r input row oh0 + r - pt
-            let lo = g.pl.min(wpd);
-            let hi = (g.pl + g.w).min(wpd);
-            for c in 0..cg {
-                let plane = &xc[(img * g.c + grp * cg + c) * g.h * g.w..][..g.h * g.w];
-                for r in 0..rin {
-                    let dst = &mut slab[c * cs + r * wpd..][..wpd];
-                    match g.in_row(oh0 + r, 0) {
-                        Some(ih) if hi > lo => {
-                            dst[..lo].fill(0.0);
-                            dst[lo..hi].copy_from_slice(&plane[ih * g.w..][..hi - lo]);
-                            dst[hi..].fill(0.0);
+            let (img, grp, bs) = task_blocks(g, q, blocks, panel_major);
+            for b in bs {
+                let (oh0, oh1) = block_rows(b);
+                let rin = oh1 - oh0 + 2;
+                let cs = rin * wpd;
+                // slab column q holds input column q - pl, row r input row oh0 + r - pt
+                let lo = g.pl.min(wpd);
+                let hi = (g.pl + g.w).min(wpd);
+                for c in 0..cg {
+                    let plane = &xc[(img * g.c + grp * cg + c) * g.h * g.w..][..g.h * g.w];
+                    for r in 0..rin {
+                        let dst = &mut slab[c * cs + r * wpd..][..wpd];
+                        match g.in_row(oh0 + r, 0) {
+                            Some(ih) if hi > lo => {
+                                dst[..lo].fill(0.0);
+                                dst[lo..hi].copy_from_slice(&plane[ih * g.w..][..hi - lo]);
+                                dst[hi..].fill(0.0);
+                            }
+                            _ => dst.fill(0.0),
                         }
-                        _ => dst.fill(0.0),
                     }
                 }
-            }
-            for c0 in (0..cg).step_by(nc) {
-                let ncc = nc.min(cg - c0);
-                // the block's rows cut into runs of at most 8 positions, taken two at a time
-                let (spr, segs) = (g.ow.div_ceil(8), (oh1 - oh0) * g.ow.div_ceil(8));
-                let seg = |i: usize| {
-                    let (r, ow0) = (i / spr, i % spr * 8);
-                    (r * wpd + ow0, (oh0 + r) * g.ow + ow0, 8.min(g.ow - ow0))
-                };
-                for s0 in (0..segs).step_by(2) {
-                    let (b0, o0, n0) = seg(s0);
-                    let (b1, o1, n1) = if s0 + 1 < segs {
-                        seg(s0 + 1)
-                    } else {
-                        (b0, o0, 0)
+                for c0 in (0..cg).step_by(nc) {
+                    let ncc = nc.min(cg - c0);
+                    // the block's rows cut into runs of at most 8 positions, taken two at a time
+                    let (spr, segs) = (g.ow.div_ceil(8), (oh1 - oh0) * g.ow.div_ceil(8));
+                    let seg = |i: usize| {
+                        let (r, ow0) = (i / spr, i % spr * 8);
+                        (r * wpd + ow0, (oh0 + r) * g.ow + ow0, 8.min(g.ow - ow0))
                     };
-                    for pi in panel_range.clone() {
-                        let oc0 = grp * og + pi * MR;
-                        let mr = MR.min(og - pi * MR);
-                        // SAFETY: the packed weights of panel pi hold ckk * MR values from
-                        // ((grp * panels + pi) * ckk) * MR; from kernel row c0 * 9 on, ncc * 9
-                        // rows (c0 + ncc <= cg) are read. The slab holds cg channels of cs =
-                        // rin * wpd values; each run reads channels c0..c0 + ncc, from its row
-                        // r < oh1 - oh0 the rows r + ki <= rin - 1, columns ow0 + kj + j < ow +
-                        // 2 = wpd (j < n <= ow - ow0, kj <= 2). The output rows oc0..oc0 + mr
-                        // (< o) at the runs' positions (oh0 + r) * ow + ow0.. (+ n <= pos) of
-                        // image img lie inside the n * o * pos output, and only task t touches
-                        // them (its panels, its rows; the c0 == 0 pass writes them before later
-                        // passes read them); the output is neither the input nor a task buffer;
-                        // the bias panel has MR entries. The second run follows the first.
-                        unsafe {
-                            tile3x3_avx2_dispatch(
-                                ncc,
-                                wc.as_ptr().add(oc0 * ckk + c0 * 9),
-                                ckk,
-                                slab.as_ptr().add(c0 * cs + b0),
-                                b1 - b0,
-                                cs,
-                                wpd,
-                                op.ptr().add((img * g.o + oc0) * pos + o0),
-                                o1 - o0,
-                                pos,
-                                bp.as_ptr().add((grp * panels + pi) * MR),
-                                c0 == 0,
-                                mr,
-                                [n0, n1],
-                            )
+                    for s0 in (0..segs).step_by(2) {
+                        let (b0, o0, n0) = seg(s0);
+                        let (b1, o1, n1) = if s0 + 1 < segs {
+                            seg(s0 + 1)
+                        } else {
+                            (b0, o0, 0)
                         };
+                        for pi in panel_range.clone() {
+                            let oc0 = grp * og + pi * MR;
+                            let mr = MR.min(og - pi * MR);
+                            // SAFETY: the packed weights of panel pi hold ckk * MR values from
+                            // ((grp * panels + pi) * ckk) * MR; from kernel row c0 * 9 on, ncc * 9
+                            // rows (c0 + ncc <= cg) are read. The slab holds cg channels of cs =
+                            // rin * wpd values; each run reads channels c0..c0 + ncc, from its row
+                            // r < oh1 - oh0 the rows r + ki <= rin - 1, columns ow0 + kj + j < ow +
+                            // 2 = wpd (j < n <= ow - ow0, kj <= 2). The output rows oc0..oc0 + mr
+                            // (< o) at the runs' positions (oh0 + r) * ow + ow0.. (+ n <= pos) of
+                            // image img lie inside the n * o * pos output, and only task t touches
+                            // them (its panels, its rows; the c0 == 0 pass writes them before later
+                            // passes read them); the output is neither the input nor a task buffer;
+                            // the bias panel has MR entries. The second run follows the first.
+                            unsafe {
+                                tile3x3_avx2_dispatch(
+                                    ncc,
+                                    wc.as_ptr().add(oc0 * ckk + c0 * 9),
+                                    ckk,
+                                    slab.as_ptr().add(c0 * cs + b0),
+                                    b1 - b0,
+                                    cs,
+                                    wpd,
+                                    op.ptr().add((img * g.o + oc0) * pos + o0),
+                                    o1 - o0,
+                                    pos,
+                                    bp.as_ptr().add((grp * panels + pi) * MR),
+                                    c0 == 0,
+                                    mr,
+                                    [n0, n1],
+                                )
+                            };
+                        }
                     }
                 }
             }
@@ -2133,7 +2171,10 @@ mod depthwise_tests {
     #[test]
     fn shifted_3x3_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
         // (the CPU's own level: other tests force the process-wide one meanwhile)
-        if !matches!(crate::cpu_simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512) {
+        if !matches!(
+            crate::cpu_simd_level(),
+            SimdLevel::Avx2Fma | SimdLevel::Avx512
+        ) {
             return; // (the path runs only on AVX2 CPUs; `simd_levels.rs` covers the rest)
         }
         let cases = [
@@ -2151,6 +2192,8 @@ mod depthwise_tests {
             geom3(2, 6, 9, 3, [7, 7], [1, 1, 1, 1]),
             // one output position
             geom3(1, 5, 6, 1, [3, 3], [0, 0, 0, 0]),
+            // more output channels than positions: tasks split over panels (panel-major)
+            geom3(1, 40, 60, 1, [5, 6], [1, 1, 1, 1]),
         ];
         for g in cases {
             let x = values(g.n * g.c * g.h * g.w, 1);
@@ -2202,8 +2245,9 @@ mod depthwise_tests {
     #[test]
     fn one_by_one_layers_with_many_panels_are_each_output_s_fma_chain() {
         // 1x1, stride 1, unpadded: read in place; 100 and 17 output channels (17 and 3
-        // panels: packed and unpacked B), 20x19 positions (a 12-position tail), 2 groups
-        for (c, o, g) in [(8, 100, 1), (10, 34, 2), (6, 17, 1)] {
+        // panels: packed and unpacked B), 20x19 positions (a 12-position tail), 2 groups;
+        // 400 output channels: more than positions, tasks split over panels (panel-major)
+        for (c, o, g) in [(8, 100, 1), (10, 34, 2), (6, 17, 1), (8, 400, 1)] {
             let geo = Geom {
                 n: 2,
                 c,
