@@ -1389,15 +1389,19 @@ fn bias_panels(g: &Geom, bc: &[f32]) -> Vec<f32> {
 /// an image, so each thread reads only its part of the weights (split by positions, every
 /// thread streamed all of them: one 256 -> 1024 1x1 layer at 14x14 ran 1.65x faster on two
 /// threads than on one). Otherwise blocks grow (up to `max_blocks`) until the tasks divide
-/// among the threads, and only a single block per thread is split over panels (a repeated
-/// im2col cost more than the idle share: 28x28 3x3 128 channels 1.87 -> 2.22 ms). An
-/// output's chain is the same whichever task computes it, so results do not change.
+/// among the threads; tasks that still do not divide are split over panels where preparing
+/// a block again is cheap (`cheap_repeat`: the input read in place, or the shifted path's
+/// slab; an 800 -> 128 1x1 layer at 14x14 has 3 blocks: 0.45 -> 0.34 ms on two threads), and
+/// otherwise only when there are fewer tasks than threads (a repeated im2col cost more than
+/// the idle share: 28x28 3x3 128 channels 1.87 -> 2.22 ms). An output's chain is the same
+/// whichever task computes it, so results do not change.
 fn split_work(
     g: &Geom,
     mut blocks: usize,
     max_blocks: usize,
     panels: usize,
     threads: usize,
+    cheap_repeat: bool,
 ) -> (usize, usize, bool) {
     let images = g.n * g.g;
     let panel_major = g.og() > g.positions() && images < 8 * threads;
@@ -1412,7 +1416,7 @@ fn split_work(
         images * blocks
     };
     let mut splits = 1;
-    if units < threads || (panel_major && !units.is_multiple_of(threads)) {
+    if units < threads || ((panel_major || cheap_repeat) && !units.is_multiple_of(threads)) {
         while (units * splits < threads || !(units * splits).is_multiple_of(threads))
             && splits < panels
         {
@@ -1454,12 +1458,24 @@ fn gemm_tiles_f32(
     // 64] positions, or 7 on 2 threads, left a thread idle up to a third of the call.)
     let tiles = pos.div_ceil(NR);
     let threads = pool.num_threads().max(1);
+    // A 1x1, stride-1, unpadded convolution's im2col block is the input itself (row l of a
+    // block is channel l's plane from position p0 on): the tiles read it in place, row stride
+    // the plane's size. (Its copy was a quarter of a small grouped 1x1 layer's time.) Same
+    // values, same chains.
+    let direct = g.kh == 1
+        && g.kw == 1
+        && g.sh == 1
+        && g.sw == 1
+        && g.pt == 0
+        && g.pl == 0
+        && (g.oh, g.ow) == (g.h, g.w);
     let (blocks, splits, panel_major) = split_work(
         g,
         pos.div_ceil(f32_pos_block(ckk)),
         tiles / 4,
         panels,
         threads,
+        direct,
     );
     // block b holds tiles b * tiles / blocks .. (b + 1) * tiles / blocks
     let block_range = |b: usize| {
@@ -1477,17 +1493,6 @@ fn gemm_tiles_f32(
     // KiB) stays in L1 while every output-channel panel uses it
     let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
     let per = panels.div_ceil(splits).max(1);
-    // A 1x1, stride-1, unpadded convolution's im2col block is the input itself (row l of a
-    // block is channel l's plane from position p0 on): the tiles read it in place, row stride
-    // the plane's size. (Its copy was a quarter of a small grouped 1x1 layer's time.) Same
-    // values, same chains.
-    let direct = g.kh == 1
-        && g.kw == 1
-        && g.sh == 1
-        && g.sw == 1
-        && g.pt == 0
-        && g.pl == 0
-        && (g.oh, g.ow) == (g.h, g.w);
     let plane = g.h * g.w;
     let tasks = g.n * g.g * if panel_major { 1 } else { blocks } * splits;
     parallel_for(pool, tasks, 1, |range| {
@@ -1623,7 +1628,8 @@ fn shifted3x3_f32(
     let wpd = g.ow + 2;
     let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
     let threads = pool.num_threads().max(1);
-    let (blocks, splits, panel_major) = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads);
+    let (blocks, splits, panel_major) =
+        split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
     // (8 values of slack: a run's last vector may reach past the last row)
     let slab_len = cg * (g.oh.div_ceil(blocks) + 2) * wpd + 8;
@@ -2246,19 +2252,26 @@ mod depthwise_tests {
     fn one_by_one_layers_with_many_panels_are_each_output_s_fma_chain() {
         // 1x1, stride 1, unpadded: read in place; 100 and 17 output channels (17 and 3
         // panels: packed and unpacked B), 20x19 positions (a 12-position tail), 2 groups;
-        // 400 output channels: more than positions, tasks split over panels (panel-major)
-        for (c, o, g) in [(8, 100, 1), (10, 34, 2), (6, 17, 1), (8, 400, 1)] {
+        // 400 output channels: more than positions, tasks split over panels (panel-major);
+        // one 14x14 image of 800 channels: 3 blocks for 2 threads, each split over panels
+        for (n, c, o, g, [h, w]) in [
+            (2, 8, 100, 1, [20, 19]),
+            (2, 10, 34, 2, [20, 19]),
+            (2, 6, 17, 1, [20, 19]),
+            (2, 8, 400, 1, [20, 19]),
+            (1, 800, 20, 1, [14, 14]),
+        ] {
             let geo = Geom {
-                n: 2,
+                n,
                 c,
-                h: 20,
-                w: 19,
+                h,
+                w,
                 o,
                 g,
                 kh: 1,
                 kw: 1,
-                oh: 20,
-                ow: 19,
+                oh: h,
+                ow: w,
                 sh: 1,
                 sw: 1,
                 dh: 1,
@@ -2266,18 +2279,18 @@ mod depthwise_tests {
                 pt: 0,
                 pl: 0,
             };
-            let (pos, cg) = (20 * 19, c / g);
-            let x = values(2 * c * pos, 1);
-            let w = values(o * cg, 2);
+            let (pos, cg) = (h * w, c / g);
+            let x = values(n * c * pos, 1);
+            let wt = values(o * cg, 2);
             let b = values(o, 3);
-            let mut got = vec![f32::NAN; 2 * o * pos];
-            gemm_tiles_f32(&geo, &x, &w, &b, &OutPtr(got.as_mut_ptr()), &RayonPool);
-            for img in 0..2 {
+            let mut got = vec![f32::NAN; n * o * pos];
+            gemm_tiles_f32(&geo, &x, &wt, &b, &OutPtr(got.as_mut_ptr()), &RayonPool);
+            for img in 0..n {
                 for oc in 0..o {
                     let grp = oc / (o / g);
                     for p in 0..pos {
                         let want = (0..cg).fold(b[oc], |acc, l| {
-                            w[oc * cg + l].mul_add(x[(img * c + grp * cg + l) * pos + p], acc)
+                            wt[oc * cg + l].mul_add(x[(img * c + grp * cg + l) * pos + p], acc)
                         });
                         let at = (img * o + oc) * pos + p;
                         assert_eq!(
