@@ -1750,31 +1750,34 @@ unsafe fn tile3x3_avx2_dispatch(
     unsafe {
         let args = (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n);
         match n {
-            [8, 8] => tile3x3_avx2::<true, false>(args),
-            [_, 0] => tile3x3_avx2::<false, true>(args),
-            _ => tile3x3_avx2::<false, false>(args),
+            // (a panel of at most 3 rows, the last of 32 output channels, computes 3)
+            [8, 8] if mr <= 3 => tile3x3_avx2::<true, false, 3>(args),
+            [8, 8] => tile3x3_avx2::<true, false, MR>(args),
+            [_, 0] => tile3x3_avx2::<false, true, MR>(args),
+            _ if mr <= 3 => tile3x3_avx2::<false, false, 3>(args),
+            _ => tile3x3_avx2::<false, false, MR>(args),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n);
 }
 
-/// One tile of [`shifted3x3_f32`]: as [`tile_avx2`] with `ROWS == MR`, for two runs of
-/// positions (lanes 0-7 and 8-15: `n[0]` and `n[1]` of them, the second at `b + b1` in the
-/// slab and `c + c1` in the output), over the kernel rows of `nc` input channels, whose
-/// values are read straight from the slab: kernel row `9 * ch + 3 * ki + kj` of a run at
-/// `ch * cs + ki * wpd + kj` from the run's start. `a` is the panel's packed weights from
-/// the first of those rows, `[l][MR]`. `FULL`: both runs are 8 long; `HALF`: no second run.
+/// One tile of [`shifted3x3_f32`]: as [`tile_avx2`] (`ROWS` weight rows read in place from
+/// `a`, row stride `lda`), for two runs of positions (lanes 0-7 and 8-15: `n[0]` and `n[1]`
+/// of them, the second at `b + b1` in the slab and `c + c1` in the output), over the kernel
+/// rows of `nc` input channels, whose values are read straight from the slab: kernel row
+/// `9 * ch + 3 * ki + kj` of a run at `ch * cs + ki * wpd + kj` from the run's start. `FULL`:
+/// both runs are 8 long; `HALF`: no second run.
 ///
 /// # Safety
-/// `a` valid for `9 * nc * MR` reads; `b` and `b + b1` for reads of `[ch * cs + ki * wpd + kj
-/// + j]` (`ch < nc`, `ki, kj < 3`, `j` below the run's length); `bias` for `MR` reads; rows
-/// `r < mr` (stride `ldc`) of `c` and `c + c1` as `c` in [`tile_f32`], for each run's
-/// length; `mr <= MR`, runs of at most 8; the CPU supports AVX2 and FMA.
+/// `a` valid for reads of `a[r * lda + l]` (`r < mr`, `l < 9 * nc`); `b` and `b + b1` for
+/// reads of `[ch * cs + ki * wpd + kj + j]` (`ch < nc`, `ki, kj < 3`, `j < 8`); `bias` for
+/// `MR` reads; rows `r < mr` (stride `ldc`) of `c` and `c + c1` as `c` in [`tile_f32`], for
+/// each run's length; `mr <= ROWS <= MR`, runs of at most 8; the CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::type_complexity)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile3x3_avx2<const FULL: bool, const HALF: bool>(
+unsafe fn tile3x3_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n): (
         usize,
         *const f32,
@@ -1795,17 +1798,17 @@ unsafe fn tile3x3_avx2<const FULL: bool, const HALF: bool>(
     use std::arch::x86_64::*;
     let (m0, m1) = (lane_mask(n[0], 0), lane_mask(n[1], 0));
     // SAFETY: the caller's contract for `c` and `bias`, as `tile_avx2`'s.
-    let mut acc = unsafe { tile_acc_init::<FULL, HALF, MR>(c, c1, ldc, bias, first, mr, m0, m1) };
+    let mut acc = unsafe { tile_acc_init::<FULL, HALF, ROWS>(c, c1, ldc, bias, first, mr, m0, m1) };
     // One loop over the kernel rows, the slab position stepped by counters: with the taps
     // written out as nested loops, the compiler unrolled all nine and spilled accumulators.
     // SAFETY: min(r, mr - 1) < mr: the start of a weight row (caller's contract); mr >= 1.
-    let rows: [*const f32; MR] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
+    let rows: [*const f32; ROWS] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
     let mut bp = b;
     let (mut kj, mut ki) = (0, 0);
     for l in 0..9 * nc {
-        // SAFETY: the loop visits kernel rows 9 * ch + 3 * ki + kj in order, `bp` at `b + ch
-        // * cs + ki * wpd + kj` and `ap` at that row of the packed weights: inside the
-        // caller's ranges (ch < nc, ki, kj < 3).
+        // SAFETY: the loop visits kernel rows l = 9 * ch + 3 * ki + kj in order, `bp` at `b
+        // + ch * cs + ki * wpd + kj`, and element l of each weight row: inside the caller's
+        // ranges (ch < nc, ki, kj < 3).
         unsafe {
             // (whole vectors: lanes past a run read slab values that are computed and
             // dropped, cheaper than masked loads)
