@@ -800,7 +800,7 @@ const MR: usize = 6;
 const NR: usize = 16;
 
 /// Output positions per task of the f32 path: a multiple of `NR` whose im2col block (`ckk`
-/// rows) stays near 256 KiB, inside a core's L2 beside the packed weights.
+/// rows) stays near 256 KiB, inside a core's L2 beside the weights in use.
 fn f32_pos_block(ckk: usize) -> usize {
     ((1usize << 16) / ckk.max(1) / NR * NR).clamp(4 * NR, 1024)
 }
@@ -1062,10 +1062,12 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
 
 /// conv2d for the types computed in f32 (f32, f16, bf16): im2col of a block of output
 /// positions into a task-local buffer (L2-sized), multiplied by the weights in place, `MR`
-/// rows (output channels) at a time, tile by tile ([`tile_f32`]). Tasks are (image, group, position block),
-/// split over ranges of output-channel panels when they are fewer than the threads; each
-/// output is one fma chain in a fixed order, so nothing depends on the partition or the
-/// thread count. An f32 input and output are used in place, without conversion copies.
+/// rows (output channels) at a time, tile by tile ([`gemm_tiles_f32`], [`tile_f32`]); 1x1
+/// layers read the input in place, 3x3 stride-1 layers a padded copy of it
+/// ([`shifted3x3_f32`]), depthwise layers run directly ([`depthwise_f32`]). Tasks are cut as
+/// [`split_work`] says; each output is one fma chain in a fixed order, so nothing depends on
+/// the path, the partition or the thread count. An f32 input and output are used in place,
+/// without conversion copies.
 fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     let (inputs, pool) = (ctx.inputs, ctx.pool);
     let (x, wt) = (req(inputs, 0)?, req(inputs, 1)?);
@@ -1684,17 +1686,20 @@ fn shifted3x3_f32(
                         for pi in panel_range.clone() {
                             let oc0 = grp * og + pi * MR;
                             let mr = MR.min(og - pi * MR);
-                            // SAFETY: the packed weights of panel pi hold ckk * MR values from
-                            // ((grp * panels + pi) * ckk) * MR; from kernel row c0 * 9 on, ncc * 9
-                            // rows (c0 + ncc <= cg) are read. The slab holds cg channels of cs =
-                            // rin * wpd values; each run reads channels c0..c0 + ncc, from its row
-                            // r < oh1 - oh0 the rows r + ki <= rin - 1, columns ow0 + kj + j < ow +
-                            // 2 = wpd (j < n <= ow - ow0, kj <= 2). The output rows oc0..oc0 + mr
-                            // (< o) at the runs' positions (oh0 + r) * ow + ow0.. (+ n <= pos) of
-                            // image img lie inside the n * o * pos output, and only task t touches
-                            // them (its panels, its rows; the c0 == 0 pass writes them before later
-                            // passes read them); the output is neither the input nor a task buffer;
-                            // the bias panel has MR entries. The second run follows the first.
+                            // SAFETY: weight rows oc0..oc0 + mr (< o; mr >= 1) of the o * ckk
+                            // `wc` are read in place, elements c0 * 9..(c0 + ncc) * 9 (c0 + ncc
+                            // <= cg) of each. The slab holds cg channels of cs = rin * wpd
+                            // values and 8 more: a run from row r <= rin - 3, column ow0 <= ow -
+                            // 1 reads channel c0 + ch < cg at rows r + ki and columns ow0 + kj +
+                            // j (ki, kj <= 2, j < 8), i.e. at most index (cg - 1) * cs + (rin -
+                            // 1) * wpd + ow + 8 = cg * cs + 6 (wpd = ow + 2), inside. The output
+                            // rows oc0..oc0 + mr at the runs' positions (oh0 + r) * ow + ow0..
+                            // (+ n <= ow - ow0) of image img lie inside the n * o * pos output,
+                            // and only task t touches them (its panels, its rows; the c0 == 0
+                            // pass writes them before later passes read them); the output is
+                            // neither the input nor a task buffer; the bias panel has MR
+                            // entries. The second run follows the first in the slab and the
+                            // output.
                             unsafe {
                                 tile3x3_avx2_dispatch(
                                     ncc,
