@@ -1386,19 +1386,22 @@ fn bias_panels(g: &Geom, bc: &[f32]) -> Vec<f32> {
 /// How a conv2d f32 call is cut into tasks: `(blocks, splits, panel_major)`. Position blocks
 /// start at `blocks` (what the caches allow); ranges of output-channel panels (`splits` per
 /// image and group) share the work when the images and blocks are too few for the threads.
-/// Where a group's weights outweigh its positions (`og > positions`: the deep layers of a
-/// network at batch 1) and preparing a block again is cheap (`cheap_repeat`, below), a task
-/// is panel-major: its share of the panels over every block of an image, so each thread
-/// reads only its part of the weights (split by positions, every thread streamed all of
-/// them: one 256 -> 1024 1x1 layer at 14x14 ran 1.65x faster on two threads than on one;
-/// with im2col blocks, repeating the im2col in every task made 3x3 stride-2 layers slower:
-/// 256x28x28 -> 14x14 2.31 -> 2.09 ms when left out). Otherwise blocks grow (up to `max_blocks`) until the tasks divide
-/// among the threads; tasks that still do not divide are split over panels where preparing
-/// a block again is cheap (`cheap_repeat`: the input read in place, or the shifted path's
-/// slab; an 800 -> 128 1x1 layer at 14x14 has 3 blocks: 0.45 -> 0.34 ms on two threads), and
-/// otherwise only when there are fewer tasks than threads (a repeated im2col cost more than
-/// the idle share: 28x28 3x3 128 channels 1.87 -> 2.22 ms). An output's chain is the same
-/// whichever task computes it, so results do not change.
+///
+/// - Where a group's weights outweigh its positions (`og > positions`: the deep layers of a
+///   network at batch 1) and a block is cheap to prepare again (`cheap_repeat`: the input
+///   read in place, or the shifted path's slab), a task is panel-major: its share of the
+///   panels over every block of an image, so each thread reads only its part of the weights.
+///   (Split by positions, every thread streamed all of them: a 256 -> 1024 1x1 layer at
+///   14x14 ran only 1.65x faster on two threads than on one. With im2col blocks, repeating
+///   the im2col in every task made 3x3 stride-2 layers slower: 256x28x28 -> 14x14 2.09 ->
+///   2.31 ms.)
+/// - Otherwise blocks grow (up to `max_blocks`) until the tasks divide among the threads.
+///   Tasks that still do not divide are split over panels where `cheap_repeat` (an 800 ->
+///   128 1x1 layer at 14x14 has 3 blocks: 0.45 -> 0.34 ms on two threads), and otherwise only
+///   when there are fewer tasks than threads (a repeated im2col cost more than the idle
+///   share: 28x28 3x3 128 channels 1.87 -> 2.22 ms).
+///
+/// An output's chain is the same whichever task computes it, so results do not change.
 fn split_work(
     g: &Geom,
     mut blocks: usize,
