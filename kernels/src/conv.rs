@@ -1383,7 +1383,7 @@ fn bias_panels(g: &Geom, bc: &[f32]) -> Vec<f32> {
     bp
 }
 
-/// How a conv2d f32 call is cut into tasks: `(blocks, splits, panel_major)`. Position blocks
+/// How a conv2d f32 call is cut into tasks ([`Split`]). Position blocks
 /// start at `blocks` (what the caches allow); ranges of output-channel panels (`splits` per
 /// image and group) share the work when the images and blocks are too few for the threads.
 ///
@@ -1409,7 +1409,7 @@ fn split_work(
     panels: usize,
     threads: usize,
     cheap_repeat: bool,
-) -> (usize, usize, bool) {
+) -> Split {
     let images = g.n * g.g;
     let panel_major = cheap_repeat && g.og() > g.positions() && images < 8 * threads;
     let units = if panel_major {
@@ -1423,28 +1423,55 @@ fn split_work(
         images * blocks
     };
     let mut splits = 1;
-    if units < threads || ((panel_major || cheap_repeat) && !units.is_multiple_of(threads)) {
+    if units < threads || (cheap_repeat && !units.is_multiple_of(threads)) {
         while (units * splits < threads || !(units * splits).is_multiple_of(threads))
             && splits < panels
         {
             splits += 1;
         }
     }
-    (blocks, splits, panel_major)
+    Split {
+        groups: g.g,
+        blocks,
+        panels,
+        splits,
+        per: panels.div_ceil(splits).max(1),
+        tasks: units * splits,
+        panel_major,
+    }
 }
 
-/// Task `q`'s image, group and position blocks: one block, or all of them (`panel_major`).
-fn task_blocks(
-    g: &Geom,
-    q: usize,
+/// A conv2d f32 call's tasks, as [`split_work`] cut them: task `t` is unit `t / splits`
+/// (an image and group, with one position block or, `panel_major`, all of them) and panel
+/// range `t % splits` (`per` panels each).
+struct Split {
+    groups: usize,
     blocks: usize,
+    panels: usize,
+    splits: usize,
+    per: usize,
+    tasks: usize,
     panel_major: bool,
-) -> (usize, usize, std::ops::Range<usize>) {
-    if panel_major {
-        (q / g.g, q % g.g, 0..blocks)
-    } else {
-        let b = q % blocks;
-        (q / (g.g * blocks), (q / blocks) % g.g, b..b + 1)
+}
+
+impl Split {
+    /// Task `t`'s image, group, position blocks and output-channel panels; `None` for a task
+    /// whose panel range is empty (more splits than the panels fill).
+    fn task(
+        &self,
+        t: usize,
+    ) -> Option<(usize, usize, std::ops::Range<usize>, std::ops::Range<usize>)> {
+        let (q, sp) = (t / self.splits, t % self.splits);
+        let panels = sp * self.per..((sp + 1) * self.per).min(self.panels);
+        if panels.is_empty() {
+            return None;
+        }
+        let (g, b) = (self.groups, self.blocks);
+        Some(if self.panel_major {
+            (q / g, q % g, 0..b, panels)
+        } else {
+            (q / (g * b), (q / b) % g, q % b..q % b + 1, panels)
+        })
     }
 }
 
@@ -1476,7 +1503,7 @@ fn gemm_tiles_f32(
         && g.pt == 0
         && g.pl == 0
         && (g.oh, g.ow) == (g.h, g.w);
-    let (blocks, splits, panel_major) = split_work(
+    let split = split_work(
         g,
         pos.div_ceil(f32_pos_block(ckk)),
         tiles / 4,
@@ -1484,6 +1511,7 @@ fn gemm_tiles_f32(
         threads,
         direct,
     );
+    let blocks = split.blocks;
     // block b holds tiles b * tiles / blocks .. (b + 1) * tiles / blocks
     let block_range = |b: usize| {
         (
@@ -1499,19 +1527,21 @@ fn gemm_tiles_f32(
     // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
     // KiB) stays in L1 while every output-channel panel uses it
     let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
-    let per = panels.div_ceil(splits).max(1);
     let plane = g.h * g.w;
-    let tasks = g.n * g.g * if panel_major { 1 } else { blocks } * splits;
-    parallel_for(pool, tasks, 1, |range| {
+    parallel_for(pool, split.tasks, 1, |range| {
         let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
-        let mut packed = vec![0f32; if direct && per >= 16 { kc * NR } else { 0 }];
-        for t in range {
-            let (q, sp) = (t / splits, t % splits);
-            let panel_range = sp * per..((sp + 1) * per).min(panels);
-            if panel_range.is_empty() {
-                continue;
+        let mut packed = vec![
+            0f32;
+            if direct && split.per >= 16 {
+                kc * NR
+            } else {
+                0
             }
-            let (img, grp, bs) = task_blocks(g, q, blocks, panel_major);
+        ];
+        for t in range {
+            let Some((img, grp, bs, panel_range)) = split.task(t) else {
+                continue;
+            };
             for b in bs {
                 let (p0, p1) = block_range(b);
                 let width = p1 - p0;
@@ -1635,30 +1665,28 @@ fn shifted3x3_f32(
     let wpd = g.ow + 2;
     let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
     let threads = pool.num_threads().max(1);
-    let (blocks, splits, panel_major) =
-        split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
+    let split = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
+    let blocks = split.blocks;
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
     // (8 values of slack: a run's last vector may reach past the last row)
     let slab_len = cg * (g.oh.div_ceil(blocks) + 2) * wpd + 8;
-    let per = panels.div_ceil(splits).max(1);
     let nc = cg.div_ceil(cg.div_ceil(SHIFTED_CHANNELS));
-    let tasks = g.n * g.g * if panel_major { 1 } else { blocks } * splits;
-    parallel_for(pool, tasks, 1, |range| {
+    // slab column q holds input column q - pl: columns lo..hi are inside the input
+    let lo = g.pl.min(wpd);
+    let hi = (g.pl + g.w).min(wpd);
+    // a block's rows are cut into runs of at most 8 positions, `spr` a row
+    let spr = g.ow.div_ceil(8);
+    parallel_for(pool, split.tasks, 1, |range| {
         let mut slab = vec![0f32; slab_len];
         for t in range {
-            let (q, sp) = (t / splits, t % splits);
-            let panel_range = sp * per..((sp + 1) * per).min(panels);
-            if panel_range.is_empty() {
+            let Some((img, grp, bs, panel_range)) = split.task(t) else {
                 continue;
-            }
-            let (img, grp, bs) = task_blocks(g, q, blocks, panel_major);
+            };
             for b in bs {
                 let (oh0, oh1) = block_rows(b);
                 let rin = oh1 - oh0 + 2;
                 let cs = rin * wpd;
-                // slab column q holds input column q - pl, row r input row oh0 + r - pt
-                let lo = g.pl.min(wpd);
-                let hi = (g.pl + g.w).min(wpd);
+                // slab row r holds input row oh0 + r - pt
                 for c in 0..cg {
                     let plane = &xc[(img * g.c + grp * cg + c) * g.h * g.w..][..g.h * g.w];
                     for r in 0..rin {
@@ -1675,8 +1703,8 @@ fn shifted3x3_f32(
                 }
                 for c0 in (0..cg).step_by(nc) {
                     let ncc = nc.min(cg - c0);
-                    // the block's rows cut into runs of at most 8 positions, taken two at a time
-                    let (spr, segs) = (g.ow.div_ceil(8), (oh1 - oh0) * g.ow.div_ceil(8));
+                    // the block's runs, taken two at a time
+                    let segs = (oh1 - oh0) * spr;
                     let seg = |i: usize| {
                         let (r, ow0) = (i / spr, i % spr * 8);
                         (r * wpd + ow0, (oh0 + r) * g.ow + ow0, 8.min(g.ow - ow0))
