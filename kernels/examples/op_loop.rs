@@ -58,6 +58,7 @@ fn main() {
         "add" | "add_relu" => (vec![x, y], vec![]),
         "scale" => (vec![x], vec![("alpha", AttrValue::Float(1.5))]),
         "softmax" => (vec![r], vec![]),
+        "softmax_long" => (vec![tensor(n, &[1, n], dt, val)], vec![]),
         "rms_norm" => (vec![r, w], vec![]),
         "topk" => (vec![r], vec![("k", AttrValue::Int(8))]),
         // ShuffleNet's layers: the first (3 -> 24 channels, 224x224, 3x3, stride 2: im2col
@@ -84,6 +85,7 @@ fn main() {
     let op = polyop_kernels::registry()
         .lookup(match name {
             "gelu_tanh" => "gelu",
+            "softmax_long" => "softmax",
             _ if is_conv => "conv2d",
             _ => name,
         })

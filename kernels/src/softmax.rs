@@ -9,8 +9,8 @@
 
 use crate::common::{
     c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided,
-    out_ptr, prefetch, store_strided, sum_zip, tree_sum, with_float, with_simd, Lanes, Num, Real,
-    Scalar, ACC,
+    out_ptr, prefetch, store_strided, sum_zip, tree_sum, with_float, with_scratch, with_simd,
+    Lanes, Num, Real, Scalar, ACC,
 };
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
@@ -127,6 +127,25 @@ where
                                 prefetch(p.0.wrapping_offset(lin.base(lane + 1)), n);
                             }
                             softmax_row(src, dst);
+                        } else if direct {
+                            // a half type's contiguous lane: converted block by block
+                            if lane + 1 < lin.count {
+                                prefetch(p.0.wrapping_offset(lin.base(lane + 1)), n);
+                            }
+                            with_scratch(
+                                n,
+                                #[inline(always)]
+                                |buf| {
+                                    softmax_row_converted::<T::C, T>(
+                                        std::slice::from_raw_parts(p.0.offset(lin.base(lane)), n),
+                                        std::slice::from_raw_parts_mut(
+                                            o.0.offset(lout.base(lane)),
+                                            n,
+                                        ),
+                                        buf,
+                                    )
+                                },
+                            );
                         } else {
                             buf.resize(n, T::C::ZERO);
                             obuf.resize(n, T::C::ZERO);
@@ -186,11 +205,67 @@ fn row_max<C: Real>(a: &[C]) -> C {
 #[inline(always)]
 fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
     let m = row_max(src);
-    if m.is_finite() && exp_sum_div::<C, true>(src, dst, m) {
-        return;
+    let mut wide = [0.0f64; ACC];
+    let fast = m.is_finite() && exp_sum::<C, true>(src, dst, m, &mut wide);
+    if !fast {
+        // a NaN anywhere makes the sum NaN, hence every output NaN
+        wide = [0.0; ACC];
+        exp_sum::<C, false>(src, dst, m, &mut wide);
     }
-    // a NaN anywhere makes the sum NaN, hence every output NaN
-    exp_sum_div::<C, false>(src, dst, m);
+    div_by_sum(dst, C::from_f64(tree_sum(wide)), fast);
+}
+
+/// Elements per block of [`softmax_row_converted`]: a whole number of [`SUM_BLOCK`]s, so the
+/// sum has the whole row's order, and small enough (4 KiB of f32) to stay in L1.
+const CONVERT_BLOCK: usize = 4 * SUM_BLOCK;
+
+/// [`softmax_row`] of a half-type row `src` into `dst`, through one compute-type buffer `buf`
+/// of the row's length that holds the exponentials: each block of [`CONVERT_BLOCK`] elements
+/// is converted into an L1 block for the max and again for the exponentials, and converted
+/// back as it is divided. Same operations in the same order as converting the whole row and
+/// calling [`softmax_row`] (so the same bits), with one buffer and three passes in place of
+/// two buffers and five passes: a 64K-element row's working set then fits in L2.
+#[inline(always)]
+fn softmax_row_converted<C: Real, T: Scalar<C = C>>(src: &[T], dst: &mut [T], buf: &mut [C]) {
+    let mut block = [C::ZERO; CONVERT_BLOCK];
+    let mut m = C::neg_infinity();
+    for s in src.chunks(CONVERT_BLOCK) {
+        let b = &mut block[..s.len()];
+        T::load(s, b);
+        let v = row_max(b);
+        m = if v > m { v } else { m };
+    }
+    let exp_all = |finite: bool, buf: &mut [C], block: &mut [T::C; CONVERT_BLOCK]| {
+        let mut wide = [0.0f64; ACC];
+        for (s, d) in src.chunks(CONVERT_BLOCK).zip(buf.chunks_mut(CONVERT_BLOCK)) {
+            let b = &mut block[..s.len()];
+            T::load(s, b);
+            if finite {
+                if !exp_sum::<C, true>(b, d, m, &mut wide) {
+                    return None;
+                }
+            } else {
+                exp_sum::<C, false>(b, d, m, &mut wide);
+            }
+        }
+        Some(wide)
+    };
+    let fast_wide = if m.is_finite() {
+        exp_all(true, buf, &mut block)
+    } else {
+        None
+    };
+    let fast = fast_wide.is_some();
+    // (the general pass never gives up)
+    let wide = fast_wide.or_else(|| exp_all(false, buf, &mut block));
+    let sum = C::from_f64(tree_sum(wide.unwrap_or([0.0; ACC])));
+    for (b, d) in buf
+        .chunks_mut(CONVERT_BLOCK)
+        .zip(dst.chunks_mut(CONVERT_BLOCK))
+    {
+        div_by_sum(b, sum, fast);
+        T::store(b, d);
+    }
 }
 
 /// `e^(x - m)`: [`Real::exp_diff`] (`FINITE`: m finite, x finite or -inf) or [`exp_minus`].
@@ -211,21 +286,27 @@ fn has_nan<C: Real>(s: &[C]) -> bool {
     s.iter().fold(false, |b, &x| b | Num::is_nan(x))
 }
 
-/// Elements per block of [`exp_sum_div`]'s sum: each of the [`ACC`] f32 partials adds 16
+/// Elements per block of [`exp_sum`]'s sum: each of the [`ACC`] f32 partials adds 16
 /// terms, then goes into an f64 partial.
 const SUM_BLOCK: usize = 16 * ACC;
 
-/// `dst = e^(src - m)` (see [`exp_of`]), then `dst /= sum(dst)`; false (and `dst`
-/// unfinished) if `FINITE` and `src` holds a NaN, which only chunks off the fast path of
-/// [`Real::exp_diff_chunk`] can. The sum has a fixed order (see
-/// [`crate::common::ACC`]): within each block of [`SUM_BLOCK`] elements, element `i` goes into
-/// compute-type partial `i % ACC`; each block's partials are added into f64 partials, which
-/// are added in a fixed tree. So no partial adds more than 16 terms in the compute type and a
-/// long float32 row's sum stays within a few ulps (with 16 float32 partials over the whole
-/// row, a 65536-element row was 14 ulps off), at the speed of the float32 loop.
+/// `dst = e^(src - m)` (see [`exp_of`]), its sum added into `wide`; false (and `dst` and
+/// `wide` unfinished) if `FINITE` and `src` holds a NaN, which only chunks off the fast path
+/// of [`Real::exp_diff_chunk`] can. The sum has a fixed order (see [`crate::common::ACC`]):
+/// within each block of [`SUM_BLOCK`] elements, element `i` goes into compute-type partial
+/// `i % ACC`; each block's partials are added into the f64 partials `wide`, which the caller
+/// adds in a fixed tree. So no partial adds more than 16 terms in the compute type and a long
+/// float32 row's sum stays within a few ulps (with 16 float32 partials over the whole row, a
+/// 65536-element row was 14 ulps off), at the speed of the float32 loop. Calls on
+/// consecutive pieces of a row, each a whole number of [`SUM_BLOCK`]s but the last, give the
+/// whole row's partials.
 #[inline(always)]
-fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) -> bool {
-    let mut wide = [0.0f64; ACC];
+fn exp_sum<C: Real, const FINITE: bool>(
+    src: &[C],
+    dst: &mut [C],
+    m: C,
+    wide: &mut [f64; ACC],
+) -> bool {
     for (sb, db) in src.chunks(SUM_BLOCK).zip(dst.chunks_mut(SUM_BLOCK)) {
         let mut acc = [C::ZERO; ACC];
         let done = if FINITE {
@@ -264,11 +345,16 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) -> b
             wide[j] += acc[j].to_f64();
         }
     }
-    let sum = C::from_f64(tree_sum(wide));
-    if FINITE {
-        // sum in [1, n]: v / sum as v * (1 / sum) plus one FMA correction (Markstein: with
-        // the reciprocal correctly rounded, the corrected quotient is the correctly rounded
-        // v / sum for normal results; within a subnormal ulp below), cheaper than a division
+    true
+}
+
+/// `dst /= sum`. After the fast pass (`fast`: a finite maximum, no NaN) the sum is in [1, n]: `v / sum` as `v * (1 /
+/// sum)` plus one FMA correction (Markstein: with the reciprocal correctly rounded, the
+/// corrected quotient is the correctly rounded `v / sum` for normal results; within a
+/// subnormal ulp below), cheaper than a division; otherwise a plain division (NaN rows).
+#[inline(always)]
+fn div_by_sum<C: Real>(dst: &mut [C], sum: C, fast: bool) {
+    if fast {
         let rcp = C::ONE / sum;
         for v in dst.iter_mut() {
             let q = *v * rcp;
@@ -280,7 +366,6 @@ fn exp_sum_div<C: Real, const FINITE: bool>(src: &[C], dst: &mut [C], m: C) -> b
             *v = *v / sum;
         }
     }
-    true
 }
 
 fn softmax_cpu(ctx: &mut KernelCtx) -> Result<()> {
@@ -352,4 +437,51 @@ fn softmax_grad_row<C: Real>(g: &[C], y: &[C], dst: &mut [C]) {
 
 fn softmax_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
     with_float!(ctx.input(0).dtype, T => softmax_backward_k::<T>(ctx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{softmax_row, softmax_row_converted, CONVERT_BLOCK};
+
+    #[test]
+    fn rows_converted_block_by_block_give_the_whole_row_bits() {
+        // With f32 as the "half" type the conversions are copies, so any difference in the
+        // order of the sum (blocks that are not whole SUM_BLOCKs) shows in the f32 bits, which
+        // rounding to a half type would mostly hide.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 24.0 - 12.0
+        };
+        for n in [3 * CONVERT_BLOCK + 37, CONVERT_BLOCK, 1000, 5] {
+            // (many rows: a sum taken in another order still rounds to the same float32 in
+            // most rows)
+            for case in (0..3).cycle().take(60) {
+                let mut src: Vec<f32> = (0..n).map(|_| next()).collect();
+                match case {
+                    1 => src[n - 2] = f32::NAN,
+                    2 => src[n / 2] = f32::NEG_INFINITY,
+                    _ => {}
+                }
+                let mut whole = vec![0f32; n];
+                softmax_row(&src, &mut whole);
+                let (mut blocks, mut buf) = (vec![0f32; n], vec![f32::NAN; n]);
+                softmax_row_converted::<f32, f32>(&src, &mut blocks, &mut buf);
+                let differ = whole
+                    .iter()
+                    .zip(&blocks)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(
+                    differ, None,
+                    "row of {n}, case {case}: first differing element"
+                );
+                if case == 0 {
+                    let sum: f64 = whole.iter().map(|&v| v as f64).sum();
+                    assert!((sum - 1.0).abs() < 1e-5, "row of {n} sums to {sum}");
+                }
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@
 //! input is one lane of length 1: k = 1 gives rank-0 outputs, k = 0 gives outputs of shape [0].
 
 use crate::common::{
-    c_slice, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided, out_ptr,
+    c_slice, contiguous_lanes, expect_shape, half_key, in_ptr, lane_grain, load_strided, out_ptr,
     store_strided, with_numeric, with_simd, Lanes, Num, OutPtr, Scalar,
 };
 use crate::elementwise::req;
@@ -165,7 +165,10 @@ fn top_k_sorted<E>(items: &mut [E], k: usize, cmp: impl Fn(&E, &E) -> Ordering +
     items[..k].sort_unstable_by(cmp);
 }
 
-fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
+fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
+where
+    T::C: ScanKey,
+{
     let (inputs, pool) = (ctx.inputs, ctx.pool);
     let x = req(inputs, 0)?;
     let k = ctx.attrs.int("k")? as usize;
@@ -208,7 +211,34 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
                 let mut items: Vec<(T::C, usize)> = Vec::new();
                 let (mut bv, mut bi) = (Vec::with_capacity(k + 1), Vec::with_capacity(k + 1));
                 let mut vout = vec![T::C::ZERO; k];
+                let (mut keys, mut kv) = (Vec::new(), Vec::with_capacity(k + 1));
                 for lane in range {
+                    // SAFETY: as for `c_slice` below.
+                    let bits = (direct && k <= SMALL_K)
+                        .then(|| unsafe {
+                            std::slice::from_raw_parts(p.0.offset(lin.base(lane)), n)
+                        })
+                        .and_then(T::as_half_bits);
+                    if let Some(bits) = bits {
+                        // a half-type row: scanned as order keys, 16 to a vector, with no
+                        // conversion; the values written are the input elements at the
+                        // indices found, through f32 as the other path gives them (a
+                        // signalling NaN comes out quiet)
+                        keys.clear();
+                        keys.extend(bits.iter().map(|&h| half_key(h, T::HALF_INF)));
+                        top_k_scan(&keys, k, largest, &mut kv, &mut bi);
+                        let base = lout.base(lane);
+                        for (j, &i) in bi.iter().enumerate() {
+                            // SAFETY: as for the scan's writes below; `i < n` is an element of
+                            // this lane of x, which is only read.
+                            unsafe {
+                                oi.write(base + j as isize * lout.stride, i as i64);
+                                let v = p.get(lin.base(lane) + i as isize);
+                                ov.write(base + j as isize * lout.stride, T::from_c(v.to_c()));
+                            }
+                        }
+                        continue;
+                    }
                     let src = if direct {
                         // SAFETY: lane `lane < lin.count` of x has `n` elements at stride 1 from
                         // `lin.base(lane)`, offsets x's shape and strides reach; x is only read.
@@ -270,6 +300,76 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
 /// Largest k handled by the single-pass scan ([`top_k_scan`]); above it, selection + sort.
 const SMALL_K: usize = 64;
 
+/// Elements per candidate test of [`top_k_scan`].
+const BLK: usize = 16;
+
+/// The element types [`top_k_scan`] scans: the compute types and the half types' order keys
+/// ([`half_key`]).
+trait ScanKey: Num {
+    /// Bit `j` set where `blk[j]` may come before `w` (a superset of [`before`]'s answer).
+    /// A fixed-size test without short-circuits, so it vectorises.
+    #[inline(always)]
+    fn candidates(blk: &[Self; BLK], w: Self, largest: bool) -> u32 {
+        let mut m = 0u32;
+        match (largest, w.is_nan()) {
+            (true, true) => {}
+            (true, false) => {
+                for (j, &v) in blk.iter().enumerate() {
+                    m |= ((v.is_nan() | (v > w)) as u32) << j;
+                }
+            }
+            (false, true) => {
+                for (j, &v) in blk.iter().enumerate() {
+                    m |= (!v.is_nan() as u32) << j;
+                }
+            }
+            (false, false) => {
+                for (j, &v) in blk.iter().enumerate() {
+                    m |= ((v < w) as u32) << j;
+                }
+            }
+        }
+        m
+    }
+}
+impl ScanKey for f32 {}
+impl ScanKey for f64 {}
+impl ScanKey for i32 {}
+impl ScanKey for i64 {}
+impl ScanKey for i16 {
+    /// Keys have no NaN (it is the largest key): one compare. On x86-64 in SSE2 (part of
+    /// the baseline): two 8-lane compares packed into one byte mask; the generic loop's
+    /// 16 shifted bits cost a reduction tree of shuffles, more than the rest of a block.
+    #[inline(always)]
+    fn candidates(blk: &[i16; BLK], w: i16, largest: bool) -> u32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::*;
+            // SAFETY: SSE2 is part of x86-64's baseline; the two unaligned loads read the 16
+            // elements of `blk`.
+            unsafe {
+                let p = blk.as_ptr() as *const __m128i;
+                let (a, b) = (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)));
+                let vw = _mm_set1_epi16(w);
+                let (ca, cb) = if largest {
+                    (_mm_cmpgt_epi16(a, vw), _mm_cmpgt_epi16(b, vw))
+                } else {
+                    (_mm_cmpgt_epi16(vw, a), _mm_cmpgt_epi16(vw, b))
+                };
+                _mm_movemask_epi8(_mm_packs_epi16(ca, cb)) as u32
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let mut m = 0u32;
+            for (j, &v) in blk.iter().enumerate() {
+                m |= (if largest { v > w } else { v < w } as u32) << j;
+            }
+            m
+        }
+    }
+}
+
 /// Whether `v` comes strictly before `w` in the output order (NaN largest; equal values are
 /// never "before": the scan visits indices in increasing order, so ties keep the lower
 /// index).
@@ -287,25 +387,36 @@ fn before<C: Num>(v: C, w: C, largest: bool) -> bool {
 /// elements at a time with a vectorised test (after the first few hundred elements almost
 /// no block has a candidate). Same result as selection under the total order.
 #[inline(always)]
-fn top_k_scan<C: Num>(x: &[C], k: usize, largest: bool, vals: &mut Vec<C>, idx: &mut Vec<usize>) {
+fn top_k_scan<C: ScanKey>(
+    x: &[C],
+    k: usize,
+    largest: bool,
+    vals: &mut Vec<C>,
+    idx: &mut Vec<usize>,
+) {
     vals.clear();
     idx.clear();
+    // insertion from the end: the entries `v` comes before move one place towards it (a full
+    // buffer's last drops out), in place, without `Vec::insert`'s memmove calls (a tenth of
+    // the time on rows of 1024, k = 8); `before` is monotone along the sorted buffer, so this
+    // is the position of the first entry `v` comes before
     let insert = |vals: &mut Vec<C>, idx: &mut Vec<usize>, v: C, i: usize| {
-        let pos = vals
-            .iter()
-            .position(|&w| before(v, w, largest))
-            .unwrap_or(vals.len());
-        if vals.len() == k {
-            vals.pop();
-            idx.pop();
+        if vals.len() < k {
+            vals.push(v);
+            idx.push(i);
         }
-        vals.insert(pos, v);
-        idx.insert(pos, i);
+        let mut p = vals.len() - 1;
+        while p > 0 && before(v, vals[p - 1], largest) {
+            vals[p] = vals[p - 1];
+            idx[p] = idx[p - 1];
+            p -= 1;
+        }
+        vals[p] = v;
+        idx[p] = i;
     };
     for (i, &v) in x[..k].iter().enumerate() {
         insert(vals, idx, v, i);
     }
-    const BLK: usize = 16;
     let mut i = k;
     while i < x.len() {
         let end = (i + BLK).min(x.len());
@@ -313,29 +424,7 @@ fn top_k_scan<C: Num>(x: &[C], k: usize, largest: bool, vals: &mut Vec<C>, idx: 
         // bit j: x[i + j] is a candidate against the current last (a superset of the
         // elements that will enter, since the last only gets better)
         let mask: u32 = match <&[C; BLK]>::try_from(&x[i..end]) {
-            // a full block: a fixed-size test without short-circuits, so it vectorises
-            Ok(blk) => {
-                let mut m = 0u32;
-                match (largest, w.is_nan()) {
-                    (true, true) => {}
-                    (true, false) => {
-                        for (j, &v) in blk.iter().enumerate() {
-                            m |= ((v.is_nan() | (v > w)) as u32) << j;
-                        }
-                    }
-                    (false, true) => {
-                        for (j, &v) in blk.iter().enumerate() {
-                            m |= (!v.is_nan() as u32) << j;
-                        }
-                    }
-                    (false, false) => {
-                        for (j, &v) in blk.iter().enumerate() {
-                            m |= ((v < w) as u32) << j;
-                        }
-                    }
-                }
-                m
-            }
+            Ok(blk) => C::candidates(blk, w, largest),
             Err(_) => (1u32 << (end - i)) - 1,
         };
         let mut m = mask;

@@ -2,6 +2,7 @@
 
 mod util;
 
+use kernel_core::half::{bf16, f16};
 use kernel_core::{DType, Dim, OwnedTensor, SerialPool, TensorSpec};
 use proptest::prelude::*;
 use util::*;
@@ -182,6 +183,55 @@ fn softmax_nan_and_infinities_anywhere_in_a_row() {
                     "+inf at {pos}: {}",
                     r[pos]
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_half_rows_converted_block_by_block_match_the_whole_row_path() {
+    // a contiguous f16/bf16 row is converted 1024 elements at a time into an L1 block; a
+    // strided one is converted whole into a buffer first. Same operations, so the same bits,
+    // whatever the row holds: several blocks and a remainder, a NaN in a later block (the fast
+    // pass gives up after writing earlier blocks), -inf and +inf elements, a row all -inf
+    let mut rng = XRng::new(19);
+    for dt in [DType::F16, DType::BF16] {
+        for n in [3 * 1024 + 37, 2048, 1000] {
+            let mut rows = Vec::new();
+            for case in 0..6 {
+                let mut v = rng.vec(n, -12.0, 12.0);
+                match case {
+                    1 => v[n - 5] = f64::NAN,
+                    2 => v[n / 2] = f64::NEG_INFINITY,
+                    3 => v[n - 1] = f64::INFINITY,
+                    4 => v.fill(f64::NEG_INFINITY),
+                    5 => v[7] = 300.0,
+                    _ => {}
+                }
+                rows.push(v);
+            }
+            let flat: Vec<f64> = rows.concat();
+            let t = tensor(&flat, &[rows.len(), n], dt);
+            let got = run_ok("softmax", &[&t], &[]);
+            let st = Strided::new(&t);
+            let gs = run_views("softmax", &[Some(st.view())], &[], &SerialPool).unwrap();
+            assert_bitwise(
+                &got,
+                &gs,
+                &format!("softmax {dt} rows of {n}: blocks against whole"),
+            );
+            let r = vals(&got[0]);
+            for (case, v) in rows.iter().enumerate() {
+                let out = &r[case * n..(case + 1) * n];
+                match case {
+                    1 | 4 => assert!(out.iter().all(|x| x.is_nan()), "case {case} ({dt}, {n})"),
+                    // (inf - inf: NaN, as in PyTorch; the test above allows one-hot too)
+                    3 => assert!(out[n - 1].is_nan(), "+inf ({dt}, {n}): {}", out[n - 1]),
+                    _ => {
+                        let want = softmax_ref(&rounded(v, dt));
+                        assert_close(out, &want, dt, &format!("softmax {dt} case {case} of {n}"));
+                    }
+                }
             }
         }
     }
@@ -579,6 +629,68 @@ fn topk_edge_cases_and_errors() {
         .unwrap();
     assert_eq!(s[0].shape, None);
     assert_eq!(op.onnx_op_type(), "TopK");
+}
+
+#[test]
+fn topk_half_rows_scanned_as_keys_match_the_float32_path() {
+    // contiguous f16/bf16 rows are scanned as integer order keys; strided ones through f32.
+    // Same values and indices, bit for bit, in both orders, with zeros of both signs, NaNs
+    // (negative and signalling too), infinities, subnormals and ties; and the reference
+    let mut rng = XRng::new(23);
+    for dt in [DType::F16, DType::BF16] {
+        let tiny = if dt == DType::F16 { 3e-6 } else { 1e-39 };
+        for n in [40usize, 1000] {
+            let mut v: Vec<f64> = rng.ints(n, -6, 6).iter().map(|x| x / 4.0).collect();
+            for (j, special) in [0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, tiny, -tiny]
+                .into_iter()
+                .enumerate()
+            {
+                v[(j * 7 + 3) % n] = special;
+            }
+            // row 1 gets NaNs: a quiet, a negative and a signalling one
+            let mut bits: Vec<u16> = tensor(&v, &[n], dt)
+                .as_bytes()
+                .chunks_exact(2)
+                .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                .collect();
+            bits.extend_from_within(..);
+            let nan = if dt == DType::F16 {
+                [0x7E00, 0xFE00, 0x7C01]
+            } else {
+                [0x7FC0, 0xFFC0, 0x7F81]
+            };
+            for (j, b) in nan.into_iter().enumerate() {
+                bits[n + 5 + j * (n / 4)] = b;
+            }
+            let t = if dt == DType::F16 {
+                OwnedTensor::from_vec(bits.into_iter().map(f16::from_bits).collect(), &[2, n])
+            } else {
+                OwnedTensor::from_vec(bits.into_iter().map(bf16::from_bits).collect(), &[2, n])
+            }
+            .unwrap();
+            let st = Strided::new(&t);
+            for k in [1usize, 8, 33.min(n)] {
+                for largest in [true, false] {
+                    let attrs = [("k", int(k as i64)), ("largest", boolean(largest))];
+                    let got = run_ok("topk", &[&t], &attrs);
+                    let gs = run_views("topk", &[Some(st.view())], &attrs, &SerialPool).unwrap();
+                    let what = format!("{dt} n {n} k {k} largest {largest}");
+                    assert_bitwise(&got, &gs, &format!("topk keys against f32: {what}"));
+                    let x = vals(&t);
+                    let (wv, wshape) = per_lane(&x, &[2, n], 1, |l| topk_ref(l, k, largest).0);
+                    let (wi, _) = per_lane(&x, &[2, n], 1, |l| topk_ref(l, k, largest).1);
+                    assert_eq!(got[0].shape, wshape);
+                    let gv = vals(&got[0]);
+                    let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+                    assert!(
+                        gv.iter().zip(&wv).all(|(&a, &b)| same(a, b)),
+                        "{what}: {gv:?} {wv:?}"
+                    );
+                    assert_eq!(vals(&got[1]), wi, "{what}");
+                }
+            }
+        }
+    }
 }
 
 #[test]
