@@ -127,8 +127,8 @@ where
                                 prefetch(p.0.wrapping_offset(lin.base(lane + 1)), n);
                             }
                             softmax_row(src, dst);
-                        } else if direct {
-                            // a half type's contiguous lane: converted block by block
+                        } else if direct && n >= CONVERT_MIN_ROW {
+                            // a long half-type lane: converted block by block
                             if lane + 1 < lin.count {
                                 prefetch(p.0.wrapping_offset(lin.base(lane + 1)), n);
                             }
@@ -182,16 +182,24 @@ pub(crate) fn exp_minus<C: Real>(x: C, m: C) -> C {
 /// The row's maximum (NaN skipped; -inf for a row of NaN and -inf).
 #[inline(always)]
 fn row_max<C: Real>(a: &[C]) -> C {
+    row_max_of(a, |v| v)
+}
+
+/// [`row_max`] of `a` converted by `to_c` (a conversion that vectorises in the loop).
+#[inline(always)]
+fn row_max_of<S: Copy, C: Real>(a: &[S], to_c: impl Fn(S) -> C) -> C {
     let mut acc = [C::neg_infinity(); ACC];
     let c = a.chunks_exact(ACC);
     let r = c.remainder();
     for x in c {
         for j in 0..ACC {
-            acc[j] = if x[j] > acc[j] { x[j] } else { acc[j] };
+            let v = to_c(x[j]);
+            acc[j] = if v > acc[j] { v } else { acc[j] };
         }
     }
     for j in 0..r.len() {
-        acc[j] = if r[j] > acc[j] { r[j] } else { acc[j] };
+        let v = to_c(r[j]);
+        acc[j] = if v > acc[j] { v } else { acc[j] };
     }
     acc.iter()
         .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m })
@@ -219,6 +227,11 @@ fn softmax_row<C: Real>(src: &[C], dst: &mut [C]) {
 /// sum has the whole row's order, and small enough (4 KiB of f32) to stay in L1.
 const CONVERT_BLOCK: usize = 4 * SUM_BLOCK;
 
+/// Shortest half-type row that [`softmax_row_converted`] takes: shorter ones are converted
+/// whole into two buffers, which then stay in L1 or L2 (rows of 1024 in f16: 1.22 Gelem/s
+/// that way, 1.05 block by block, which converts the input twice).
+const CONVERT_MIN_ROW: usize = 16 * CONVERT_BLOCK;
+
 /// [`softmax_row`] of a half-type row `src` into `dst`, through one compute-type buffer `buf`
 /// of the row's length that holds the exponentials: each block of [`CONVERT_BLOCK`] elements
 /// is converted into an L1 block for the max and again for the exponentials, and converted
@@ -228,36 +241,26 @@ const CONVERT_BLOCK: usize = 4 * SUM_BLOCK;
 #[inline(always)]
 fn softmax_row_converted<C: Real, T: Scalar<C = C>>(src: &[T], dst: &mut [T], buf: &mut [C]) {
     let mut block = [C::ZERO; CONVERT_BLOCK];
-    let mut m = C::neg_infinity();
-    for s in src.chunks(CONVERT_BLOCK) {
-        let b = &mut block[..s.len()];
-        T::load(s, b);
-        let v = row_max(b);
-        m = if v > m { v } else { m };
-    }
-    let exp_all = |finite: bool, buf: &mut [C], block: &mut [T::C; CONVERT_BLOCK]| {
-        let mut wide = [0.0f64; ACC];
-        for (s, d) in src.chunks(CONVERT_BLOCK).zip(buf.chunks_mut(CONVERT_BLOCK)) {
+    let m = if T::CONVERT_IN_LOOP {
+        row_max_of(src, T::to_c)
+    } else {
+        let mut m = C::neg_infinity();
+        for s in src.chunks(CONVERT_BLOCK) {
             let b = &mut block[..s.len()];
             T::load(s, b);
-            if finite {
-                if !exp_sum::<C, true>(b, d, m, &mut wide) {
-                    return None;
-                }
-            } else {
-                exp_sum::<C, false>(b, d, m, &mut wide);
-            }
+            let v = row_max(b);
+            m = if v > m { v } else { m };
         }
-        Some(wide)
+        m
     };
     let fast_wide = if m.is_finite() {
-        exp_all(true, buf, &mut block)
+        exp_converted(true, src, buf, &mut block, m)
     } else {
         None
     };
     let fast = fast_wide.is_some();
     // (the general pass never gives up)
-    let wide = fast_wide.or_else(|| exp_all(false, buf, &mut block));
+    let wide = fast_wide.or_else(|| exp_converted(false, src, buf, &mut block, m));
     let sum = C::from_f64(tree_sum(wide.unwrap_or([0.0; ACC])));
     for (b, d) in buf
         .chunks_mut(CONVERT_BLOCK)
@@ -348,6 +351,40 @@ fn exp_sum<C: Real, const FINITE: bool>(
     true
 }
 
+/// [`exp_sum`] of a half-type row `src` into `buf`, converted block by block through `block`;
+/// the f64 partials, or None where `finite` and the row holds a NaN. (A function, not a
+/// closure, so it is inlined: outside `with_simd`'s body it would be baseline code.)
+#[inline(always)]
+fn exp_converted<C: Real, T: Scalar<C = C>>(
+    finite: bool,
+    src: &[T],
+    buf: &mut [C],
+    block: &mut [C; CONVERT_BLOCK],
+    m: C,
+) -> Option<[f64; ACC]> {
+    let mut wide = [0.0f64; ACC];
+    for (s, d) in src.chunks(CONVERT_BLOCK).zip(buf.chunks_mut(CONVERT_BLOCK)) {
+        let b = &mut block[..s.len()];
+        T::load(s, b);
+        if finite {
+            if !exp_sum::<C, true>(b, d, m, &mut wide) {
+                return None;
+            }
+        } else {
+            exp_sum::<C, false>(b, d, m, &mut wide);
+        }
+    }
+    Some(wide)
+}
+
+/// `v / sum` given `rcp = 1 / sum` (see [`div_by_sum`]).
+#[inline(always)]
+fn div_markstein<C: Real>(v: C, sum: C, rcp: C) -> C {
+    let q = v * rcp;
+    let rem = (C::ZERO - q).mul_add(sum, v);
+    rem.mul_add(rcp, q)
+}
+
 /// `dst /= sum`. After the fast pass (`fast`: a finite maximum, no NaN) the sum is in [1, n]: `v / sum` as `v * (1 /
 /// sum)` plus one FMA correction (Markstein: with the reciprocal correctly rounded, the
 /// corrected quotient is the correctly rounded `v / sum` for normal results; within a
@@ -357,9 +394,7 @@ fn div_by_sum<C: Real>(dst: &mut [C], sum: C, fast: bool) {
     if fast {
         let rcp = C::ONE / sum;
         for v in dst.iter_mut() {
-            let q = *v * rcp;
-            let rem = (C::ZERO - q).mul_add(sum, *v);
-            *v = rem.mul_add(rcp, q);
+            *v = div_markstein(*v, sum, rcp);
         }
     } else {
         for v in dst.iter_mut() {

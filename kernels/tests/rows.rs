@@ -190,13 +190,14 @@ fn softmax_nan_and_infinities_anywhere_in_a_row() {
 
 #[test]
 fn softmax_half_rows_converted_block_by_block_match_the_whole_row_path() {
-    // a contiguous f16/bf16 row is converted 1024 elements at a time into an L1 block; a
-    // strided one is converted whole into a buffer first. Same operations, so the same bits,
-    // whatever the row holds: several blocks and a remainder, a NaN in a later block (the fast
-    // pass gives up after writing earlier blocks), -inf and +inf elements, a row all -inf
+    // a long contiguous f16/bf16 row (16K elements and more) is converted 1024 elements at a
+    // time into an L1 block; a strided one (or a shorter one) is converted whole into a buffer
+    // first. Same operations, so the same bits, whatever the row holds: several blocks and a
+    // remainder, a NaN in a later block (the fast pass gives up after writing earlier blocks),
+    // -inf and +inf elements, a row all -inf
     let mut rng = XRng::new(19);
     for dt in [DType::F16, DType::BF16] {
-        for n in [3 * 1024 + 37, 2048, 1000] {
+        for n in [16 * 1024 + 37, 16 * 1024, 1000] {
             let mut rows = Vec::new();
             for case in 0..6 {
                 let mut v = rng.vec(n, -12.0, 12.0);
