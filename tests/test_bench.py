@@ -109,3 +109,18 @@ def test_bench_reports_a_framework_that_cannot_run(tmp_path, python):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAILED frameworks: {'mindspore'" in proc.stdout, proc.stdout
     assert "**Frameworks that failed to run:** mindspore (" in out.read_text()
+
+
+def test_accuracy_script_reports_polyop_within_its_bounds():
+    """bench/accuracy.py (the accuracy table next to issue 18's ONNX Runtime ratios): it runs,
+    and polyop's rows stay within 4 ulps (softmax's tolerance, the issue's bound for gelu)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "accuracy.py")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [r.split("|")[1:-1] for r in proc.stdout.splitlines() if r.startswith("| Softmax") or r.startswith("| Gelu")]
+    assert len(rows) == 6, proc.stdout
+    for case, p_max, p_med, b_max, b_med in rows:
+        assert 0 < float(p_max) <= 4.0, (case, p_max)
+        assert float(b_max) > 0 and float(b_med) >= 0, case
