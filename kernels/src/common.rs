@@ -256,8 +256,20 @@ pub trait Scalar: Element {
     fn as_half_bits(_: &[Self]) -> Option<&[u16]> {
         None
     }
+    /// Mutable form of [`Scalar::as_half_bits`].
+    #[inline(always)]
+    fn as_half_bits_mut(_: &mut [Self]) -> Option<&mut [u16]> {
+        None
+    }
     /// With [`Scalar::as_half_bits`]: the bits of +infinity (every larger magnitude is a NaN).
     const HALF_INF: u16 = 0;
+}
+
+/// The quiet bit of a 16-bit float whose +infinity has bits `inf` (the top mantissa bit:
+/// f16 0x0200, bf16 0x0040): a NaN that goes through f32 comes back with it set.
+#[inline(always)]
+pub const fn half_quiet_bit(inf: u16) -> u16 {
+    ((0x7FFF & !inf) + 1) >> 1
 }
 
 /// An `i16` whose order is the float order of the 16-bit float with bits `h` (+infinity's
@@ -341,6 +353,10 @@ macro_rules! scalar_half {
             #[inline(always)]
             fn as_half_bits(s: &[Self]) -> Option<&[u16]> {
                 Some(s.reinterpret_cast())
+            }
+            #[inline(always)]
+            fn as_half_bits_mut(s: &mut [Self]) -> Option<&mut [u16]> {
+                Some(s.reinterpret_cast_mut())
             }
             const HALF_INF: u16 = <$t>::INFINITY.to_bits();
             #[inline(always)]

@@ -8,7 +8,8 @@
 //! Integer negate/add wrap on overflow.
 
 use crate::common::{
-    in_ptr, out_ptr, with_float, with_numeric, with_simd, zip_map, InPtr, Num, Real, Scalar, GRAIN,
+    half_quiet_bit, in_ptr, out_ptr, with_float, with_numeric, with_simd, zip_map, InPtr, Num,
+    Real, Scalar, GRAIN,
 };
 use kernel_core::{
     broadcast_dims, fmt_dims, numel, parallel_for, AttrValue, BwdInput, DType, Error, InferCtx,
@@ -255,7 +256,16 @@ pub fn unary_map<T: Scalar>(ctx: &mut KernelCtx, f: impl Fn(T::C) -> T::C + Sync
 }
 
 fn negate_cpu(ctx: &mut KernelCtx) -> Result<()> {
-    with_numeric!(ctx.input(0).dtype, T => unary_map::<T>(ctx, |v| v.neg()))
+    with_numeric!(ctx.input(0).dtype, T => {
+        // a 16-bit float: the sign flipped, a NaN quieted (what the f32 round trip gives)
+        if half_bits_map::<T>(ctx, |h, inf| {
+            let quiet = if h & 0x7FFF > inf { half_quiet_bit(inf) } else { 0 };
+            (h ^ 0x8000) | quiet
+        })? {
+            return Ok(());
+        }
+        unary_map::<T>(ctx, |v| v.neg())
+    })
 }
 
 #[inline(always)]
@@ -269,7 +279,71 @@ fn relu_c<C: Num>(v: C) -> C {
 }
 
 fn relu_cpu(ctx: &mut KernelCtx) -> Result<()> {
-    with_numeric!(ctx.input(0).dtype, T => unary_map::<T>(ctx, relu_c))
+    with_numeric!(ctx.input(0).dtype, T => {
+        // a 16-bit float: as `relu_c` through f32 (a negative value but -0 becomes +0, a NaN
+        // comes back quiet)
+        if half_bits_map::<T>(ctx, |h, inf| {
+            let a = h & 0x7FFF;
+            if a > inf {
+                h | half_quiet_bit(inf)
+            } else if h & 0x8000 != 0 && a != 0 {
+                0
+            } else {
+                h
+            }
+        })? {
+            return Ok(());
+        }
+        unary_map::<T>(ctx, relu_c)
+    })
+}
+
+/// For a 16-bit float type (f16, bf16) with a contiguous input of the output's shape: `out =
+/// f(bits, bits of +inf)` on the storage bits, 16 to a vector, no conversion, and true; false
+/// (nothing done) otherwise. `f` must give exactly the bits of the op computed in f32 (the
+/// tests compare it with the converting path for every one of the 65536 bit patterns).
+/// Blocks are copied to the stack before being written, as in [`unary_blocks`].
+fn half_bits_map<T: Scalar>(
+    ctx: &mut KernelCtx,
+    f: impl Fn(u16, u16) -> u16 + Sync,
+) -> Result<bool> {
+    let (inputs, pool) = (ctx.inputs, ctx.pool);
+    let x = req(inputs, 0)?;
+    let out = &mut ctx.outputs[0];
+    if T::as_half_bits(&[]).is_none() || !x.is_contiguous() || x.shape != out.shape {
+        return Ok(false);
+    }
+    let n = numel(&out.shape);
+    let (p, o) = (in_ptr::<T>(x)?, out_ptr::<T>(out)?);
+    parallel_for(pool, n, GRAIN, |range| {
+        let p: InPtr<T> = p;
+        with_simd(
+            #[inline(always)]
+            || {
+                let mut a = [0u16; UBLOCK];
+                let mut i = range.start;
+                while i < range.end {
+                    let len = UBLOCK.min(range.end - i);
+                    // SAFETY: as in `unary_blocks`: x is contiguous with the output's `n`
+                    // elements, `i..i + len` is in this task's range, and the input slice is
+                    // dropped (copied into `a`) before the output block is written.
+                    let src = unsafe { std::slice::from_raw_parts(p.0.add(i), len) };
+                    let bits = T::as_half_bits(src).unwrap_or(&[]);
+                    a[..bits.len()].copy_from_slice(bits);
+                    // SAFETY: the output is contiguous with `n` elements and `i..i + len` is
+                    // this task's alone (`parallel_for` ranges are disjoint).
+                    let dst = unsafe { o.slice(i, len) };
+                    if let Some(d) = T::as_half_bits_mut(dst) {
+                        for (d, &h) in d.iter_mut().zip(&a[..len]) {
+                            *d = f(h, T::HALF_INF);
+                        }
+                    }
+                    i += len;
+                }
+            },
+        )
+    });
+    Ok(true)
 }
 
 fn binary<T: Scalar>(ctx: &mut KernelCtx, f: impl Fn(T::C, T::C) -> T::C + Sync) -> Result<()> {

@@ -663,3 +663,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn half_negate_and_relu_on_bits_match_the_f32_path_for_every_bit_pattern() {
+    // contiguous f16/bf16 inputs are negated and relu'd on their bits; a strided view goes
+    // through f32. Every one of the 65536 patterns (NaNs of both signs, signalling ones, -0,
+    // subnormals, infinities) must give the same bits both ways, and the right value.
+    use kernel_core::half::{bf16, f16};
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    for dt in [DType::F16, DType::BF16] {
+        let t = if dt == DType::F16 {
+            OwnedTensor::from_vec(bits.iter().map(|&b| f16::from_bits(b)).collect(), &[256, 256])
+        } else {
+            OwnedTensor::from_vec(bits.iter().map(|&b| bf16::from_bits(b)).collect(), &[256, 256])
+        }
+        .unwrap();
+        let st = Strided::new(&t);
+        let x = vals(&t);
+        for op in ["negate", "relu"] {
+            let got = run_ok(op, &[&t], &[]);
+            let via_f32 = run_views(op, &[Some(st.view())], &[], &SerialPool).unwrap();
+            assert_bitwise(&got, &via_f32, &format!("{op} {dt}: bits against f32"));
+            for (&v, &r) in x.iter().zip(&vals(&got[0])) {
+                let want = if op == "negate" { -v } else if v < 0.0 { 0.0 } else { v };
+                assert!(
+                    (r == want && r.is_sign_negative() == want.is_sign_negative())
+                        || (r.is_nan() && v.is_nan()),
+                    "{op} {dt}: {v} gave {r}"
+                );
+            }
+        }
+    }
+}
