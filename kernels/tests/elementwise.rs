@@ -673,9 +673,15 @@ fn half_negate_and_relu_on_bits_match_the_f32_path_for_every_bit_pattern() {
     let bits: Vec<u16> = (0..=u16::MAX).collect();
     for dt in [DType::F16, DType::BF16] {
         let t = if dt == DType::F16 {
-            OwnedTensor::from_vec(bits.iter().map(|&b| f16::from_bits(b)).collect(), &[256, 256])
+            OwnedTensor::from_vec(
+                bits.iter().map(|&b| f16::from_bits(b)).collect(),
+                &[256, 256],
+            )
         } else {
-            OwnedTensor::from_vec(bits.iter().map(|&b| bf16::from_bits(b)).collect(), &[256, 256])
+            OwnedTensor::from_vec(
+                bits.iter().map(|&b| bf16::from_bits(b)).collect(),
+                &[256, 256],
+            )
         }
         .unwrap();
         let st = Strided::new(&t);
@@ -685,7 +691,13 @@ fn half_negate_and_relu_on_bits_match_the_f32_path_for_every_bit_pattern() {
             let via_f32 = run_views(op, &[Some(st.view())], &[], &SerialPool).unwrap();
             assert_bitwise(&got, &via_f32, &format!("{op} {dt}: bits against f32"));
             for (&v, &r) in x.iter().zip(&vals(&got[0])) {
-                let want = if op == "negate" { -v } else if v < 0.0 { 0.0 } else { v };
+                let want = if op == "negate" {
+                    -v
+                } else if v < 0.0 {
+                    0.0
+                } else {
+                    v
+                };
                 assert!(
                     (r == want && r.is_sign_negative() == want.is_sign_negative())
                         || (r.is_nan() && v.is_nan()),
