@@ -21,9 +21,9 @@ use gemm::{gemm, Parallelism};
 use half::{bf16, f16};
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel_for, ArgType, AttrValue, Attrs, BwdInput, DType, Dim, Error, Factor, InferCtx,
-    KernelCtx, OnnxNode, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardCtx, ShardingRule,
-    TensorRef, TensorSpec,
+    parallel_for, ArgType, AttrValue, Attrs, BwdInput, DType, Dim, EpilogueFn, Error, Factor,
+    InferCtx, KernelCtx, OnnxNode, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardCtx,
+    ShardingRule, TensorRef, TensorSpec,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -34,6 +34,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .doc("2-D convolution: NCHW input, weight [O, C/groups, kH, kW], zero padding (one int, [height, width] or [top, left, bottom, right]), per-axis stride and dilation, grouped and depthwise")
         .infer(conv2d_infer)
         .cpu(conv2d_cpu)
+        .applies_epilogue()
         // 2-D Conv: `pads` is [top, left, bottom, right] like polyop's four-int padding;
         // `kernel_shape` and `auto_pad` are checked / resolved by `onnx_conv_check`
         .onnx(
@@ -1074,6 +1075,15 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     let bias = inputs.get(2).and_then(Option::as_ref);
     let g = Geom::new(x, wt, &Params::new(ctx.attrs)?)?;
     in_ptr::<T>(x)?;
+    // A fused elementwise op (`KernelCtx::take_epilogue`) is applied to each finished block of
+    // an f32 output in place by the tile paths, while the block is in cache; the depthwise path
+    // and the half types leave it to the call path (after the whole output).
+    let depthwise = g.cg() == 1 && g.og() < MR;
+    let epi = if x.dtype == DType::F32 && !depthwise {
+        ctx.take_epilogue()
+    } else {
+        None
+    };
     let out = ctx.outputs[0].as_mut_slice::<T>()?;
     if out.is_empty() {
         return Ok(());
@@ -1084,7 +1094,7 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
         Some(b) => to_c::<T>(b)?,
         None => vec![0f32; g.o],
     };
-    let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
+    let (ckk, pos) = (g.ckk(), g.positions());
     Geom::check_len("input", xc.len(), g.n * g.c * g.h * g.w)?;
     Geom::check_len("weight", wc.len(), g.o * ckk)?;
     Geom::check_len("output", out.len(), g.n * g.o * pos)?;
@@ -1097,12 +1107,12 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
         Some(o) => OutPtr(o.as_mut_ptr()),
         None => OutPtr(res.as_mut_ptr()),
     };
-    if g.cg() == 1 && og < MR {
+    if depthwise {
         depthwise_f32(&g, xc, wc, &bc, &op, pool);
     } else if shifted3x3_applies(&g) {
-        shifted3x3_f32(&g, xc, wc, &bc, &op, pool);
+        shifted3x3_f32(&g, xc, wc, &bc, &op, pool, epi);
     } else {
-        gemm_tiles_f32(&g, xc, wc, &bc, &op, pool);
+        gemm_tiles_f32(&g, xc, wc, &bc, &op, pool, epi);
     }
     if !res.is_empty() {
         T::store(&res, out);
@@ -1482,6 +1492,7 @@ fn gemm_tiles_f32(
     bc: &[f32],
     op: &OutPtr<f32>,
     pool: &dyn kernel_core::ThreadPool,
+    epi: Option<EpilogueFn>,
 ) {
     let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
     let panels = og.div_ceil(MR);
@@ -1611,9 +1622,44 @@ fn gemm_tiles_f32(
                         }
                     }
                 }
+                if let Some(f) = epi {
+                    // SAFETY: this task's finished outputs (its panels' channels of image img,
+                    // positions p0..p1 < pos), which only it touches.
+                    unsafe { epilogue_block(f, g, op, img, grp, panel_range.clone(), p0, width) };
+                }
             }
         }
     });
+}
+
+/// Apply a fused elementwise op ([`EpilogueFn`]) to a task's finished outputs while they are in
+/// cache: the channels of output-channel panels `panels` of group `grp`, image `img`, `len`
+/// positions from `p0`.
+///
+/// # Safety
+/// Those outputs lie inside `op`'s `n * o * positions` output, are written, and no other
+/// thread touches them during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn epilogue_block(
+    f: EpilogueFn,
+    g: &Geom,
+    op: &OutPtr<f32>,
+    img: usize,
+    grp: usize,
+    panels: std::ops::Range<usize>,
+    p0: usize,
+    len: usize,
+) {
+    let (og, pos) = (g.og(), g.positions());
+    for pi in panels {
+        for oc in grp * og + pi * MR..grp * og + (pi * MR + MR).min(og) {
+            // SAFETY: channel oc < o (a panel of group grp), positions p0..p0 + len of image
+            // img: inside the output and this caller's alone (this function's contract).
+            f(unsafe {
+                std::slice::from_raw_parts_mut(op.ptr().add((img * g.o + oc) * pos + p0), len)
+            });
+        }
+    }
 }
 
 /// Floats of a [`shifted3x3_f32`] task's padded input slab (256 KiB, inside a core's L2).
@@ -1658,6 +1704,7 @@ fn shifted3x3_f32(
     bc: &[f32],
     op: &OutPtr<f32>,
     pool: &dyn kernel_core::ThreadPool,
+    epi: Option<EpilogueFn>,
 ) {
     let (cg, og, pos, ckk) = (g.cg(), g.og(), g.positions(), g.ckk());
     let panels = og.div_ceil(MR);
@@ -1753,6 +1800,22 @@ fn shifted3x3_f32(
                             };
                         }
                     }
+                }
+                if let Some(f) = epi {
+                    // SAFETY: this task's finished outputs (its panels' channels of image img,
+                    // output rows oh0..oh1 <= oh), which only it touches.
+                    unsafe {
+                        epilogue_block(
+                            f,
+                            g,
+                            op,
+                            img,
+                            grp,
+                            panel_range.clone(),
+                            oh0 * g.ow,
+                            (oh1 - oh0) * g.ow,
+                        )
+                    };
                 }
             }
         }
@@ -2249,8 +2312,24 @@ mod depthwise_tests {
             b[0] = -0.0;
             let len = g.n * g.o * g.positions();
             let (mut shifted, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
-            shifted3x3_f32(&g, &x, &w, &b, &OutPtr(shifted.as_mut_ptr()), &RayonPool);
-            gemm_tiles_f32(&g, &x, &w, &b, &OutPtr(tiles.as_mut_ptr()), &SerialPool);
+            shifted3x3_f32(
+                &g,
+                &x,
+                &w,
+                &b,
+                &OutPtr(shifted.as_mut_ptr()),
+                &RayonPool,
+                None,
+            );
+            gemm_tiles_f32(
+                &g,
+                &x,
+                &w,
+                &b,
+                &OutPtr(tiles.as_mut_ptr()),
+                &SerialPool,
+                None,
+            );
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&shifted), bits(&tiles), "{g:?}");
             let (cg, og) = (g.cg(), g.og());
@@ -2325,7 +2404,15 @@ mod depthwise_tests {
             let wt = values(o * cg, 2);
             let b = values(o, 3);
             let mut got = vec![f32::NAN; n * o * pos];
-            gemm_tiles_f32(&geo, &x, &wt, &b, &OutPtr(got.as_mut_ptr()), &RayonPool);
+            gemm_tiles_f32(
+                &geo,
+                &x,
+                &wt,
+                &b,
+                &OutPtr(got.as_mut_ptr()),
+                &RayonPool,
+                None,
+            );
             for img in 0..n {
                 for oc in 0..o {
                     let grp = oc / (o / g);
@@ -2379,7 +2466,15 @@ mod depthwise_tests {
                 let len = g.n * g.o * g.positions();
                 let (mut direct, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
                 depthwise_f32(&g, &x, &w, &b, &OutPtr(direct.as_mut_ptr()), &SerialPool);
-                gemm_tiles_f32(&g, &x, &w, &b, &OutPtr(tiles.as_mut_ptr()), &RayonPool);
+                gemm_tiles_f32(
+                    &g,
+                    &x,
+                    &w,
+                    &b,
+                    &OutPtr(tiles.as_mut_ptr()),
+                    &RayonPool,
+                    None,
+                );
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&direct),

@@ -74,6 +74,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .dtypes(DType::NUMERIC)
             .infer(same_shape)
             .cpu(relu_cpu)
+            .epilogue(relu_in_place)
             .onnx(OnnxOp::new("Relu", &[6, 13, 14]))
             .backward(
                 "relu_backward",
@@ -275,6 +276,14 @@ fn relu_c<C: Num>(v: C) -> C {
         C::ZERO
     } else {
         v
+    }
+}
+
+/// relu as an epilogue ([`kernel_core::EpilogueFn`]): `relu_c` on each value, the f32 kernel's
+/// bits.
+fn relu_in_place(v: &mut [f32]) {
+    for x in v {
+        *x = relu_c(*x);
     }
 }
 

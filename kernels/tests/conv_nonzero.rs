@@ -651,3 +651,111 @@ fn conv2d_grouped_1x1_reads_each_group_s_channels() {
     assert_close_scaled(&vals(&got[0]), &want, Some(&scale), DType::F32, label);
     assert_thread_independent("conv2d", &[Some(&x), Some(&w), Some(&b)], &attrs);
 }
+
+/// conv2d with relu handed to it as an epilogue (what the ONNX Runtime provider runs for a
+/// fused `Conv` + `Relu`) gives exactly the bits of conv2d then relu, on every f32 path: the
+/// shifted 3x3 path, 1x1 layers read in place, im2col tiles (stride 2), grouped, and depthwise
+/// (which leaves the epilogue to the call path), serially and on 3 threads; and each result
+/// is relu of a float64 reference within tolerance.
+#[test]
+fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
+    use kernel_core::call::{run_with_epilogue, CallSite, Phase};
+    use kernel_core::exec::OwnedAllocator;
+    use kernel_core::{AttrValue, OwnedTensor, RayonPool, ThreadPool};
+    let reg = polyop_kernels::registry();
+    let relu = reg
+        .lookup("relu")
+        .unwrap()
+        .epilogue
+        .expect("relu is an epilogue");
+    let conv = reg.lookup("conv2d").unwrap();
+    assert!(conv.flags.applies_epilogue);
+    let fused =
+        |ins: &[Option<&OwnedTensor>], attrs: &kernel_core::Attrs, pool: &dyn ThreadPool| {
+            let views: Vec<_> = ins.iter().map(|t| t.map(|t| t.view())).collect();
+            let mut alloc = OwnedAllocator::default();
+            let site = CallSite::once(attrs.clone());
+            run_with_epilogue(
+                conv,
+                &views,
+                &site,
+                &mut alloc,
+                pool,
+                Phase::Compute,
+                Some(relu),
+            )
+            .unwrap();
+            alloc
+                .outputs
+                .into_iter()
+                .map(|b| *b)
+                .collect::<Vec<OwnedTensor>>()
+        };
+    let mut rng = XRng::new(41);
+    let abs = |v: &[f64]| v.iter().map(|a| a.abs()).collect::<Vec<f64>>();
+    // (c, h, o, k, stride, padding, groups)
+    for (c, h, o, k, s, p, g) in [
+        (16, 9, 20, 3, 1, 1, 1),
+        (8, 7, 13, 1, 1, 0, 1),
+        (6, 11, 10, 3, 2, 1, 1),
+        (8, 6, 12, 3, 1, 1, 2),
+        (8, 8, 8, 3, 1, 1, 8),
+    ] {
+        let what = format!("c{c} h{h} o{o} k{k} s{s} p{p} g{g}");
+        let xv = rounded(&rng.vec(2 * c * h * h, -1.0, 1.0), DType::F32);
+        let wv = rounded(&rng.vec(o * (c / g) * k * k, -1.0, 1.0), DType::F32);
+        let bv = rounded(&rng.vec(o, -0.5, 0.5), DType::F32);
+        let x = tensor(&xv, &[2, c, h, h], DType::F32);
+        let w = tensor(&wv, &[o, c / g, k, k], DType::F32);
+        let b = tensor(&bv, &[o], DType::F32);
+        let attrs = [
+            ("stride", AttrValue::IntList(vec![s as i64, s as i64])),
+            ("padding", AttrValue::IntList(vec![p as i64, p as i64])),
+            ("groups", AttrValue::Int(g as i64)),
+        ];
+        let plain = run_ok("conv2d", &[&x, &w, &b], &attrs);
+        let unfused = run_ok("relu", &[&plain[0]], &[]);
+        assert!(
+            vals(&plain[0]).iter().filter(|v| **v < 0.0).count() > 10,
+            "{what}: the test needs negative outputs"
+        );
+        let a = attrs_of("conv2d", &attrs).unwrap();
+        let ins = [Some(&x), Some(&w), Some(&b)];
+        assert_bitwise(&unfused, &fused(&ins, &a, &SerialPool), &what);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let par = pool.install(|| fused(&ins, &a, &RayonPool));
+        assert_bitwise(&unfused, &par, &format!("{what}, 3 threads"));
+        // against an independent reference: relu of the float64 convolution, group by group
+        let (cg, og) = (c / g, o / g);
+        let pos = plain[0].shape[2] * plain[0].shape[3];
+        let reference = |xv: &[f64], wv: &[f64], bv: &[f64], act: fn(f64) -> f64| {
+            let mut want = vec![0.0; 2 * o * pos];
+            for gi in 0..g {
+                let xs: Vec<f64> = (0..2)
+                    .flat_map(|n| {
+                        xv[(n * c + gi * cg) * h * h..(n * c + gi * cg + cg) * h * h].to_vec()
+                    })
+                    .collect();
+                let wg = &wv[gi * og * cg * k * k..(gi + 1) * og * cg * k * k];
+                let bg = &bv[gi * og..(gi + 1) * og];
+                let (r, _) = conv_ref(&xs, [2, cg, h, h], wg, [og, cg, k, k], Some(bg), s, p);
+                for n in 0..2 {
+                    for oc in 0..og {
+                        for q in 0..pos {
+                            want[(n * o + gi * og + oc) * pos + q] =
+                                act(r[(n * og + oc) * pos + q]);
+                        }
+                    }
+                }
+            }
+            want
+        };
+        let want = reference(&xv, &wv, &bv, |v| v.max(0.0));
+        let scale = reference(&abs(&xv), &abs(&wv), &abs(&bv), |v| v);
+        let label = format!("conv2d relu epilogue {what}");
+        assert_close_scaled(&vals(&par[0]), &want, Some(&scale), DType::F32, &label);
+    }
+}

@@ -265,11 +265,36 @@ pub fn run<'t>(
     pool: &'t dyn ThreadPool,
     phase: Phase,
 ) -> Result<()> {
+    run_with_epilogue(op, inputs, site, outputs, pool, phase, None)
+}
+
+/// [`run`], then `epilogue` (an elementwise op's [`crate::EpilogueFn`]) on every output, in
+/// place: applied by the kernel block by block when the op [`applies_epilogue`]
+/// (`crate::OpFlags::applies_epilogue`), else over each whole output after it. The outputs
+/// must be f32 (an error before the kernel runs otherwise).
+///
+/// [`applies_epilogue`]: crate::OpFlags::applies_epilogue
+pub fn run_with_epilogue<'t>(
+    op: &'t OpDef,
+    inputs: &[Option<TensorRef<'t>>],
+    site: &'t CallSite,
+    outputs: &mut dyn OutputAllocator<'t>,
+    pool: &'t dyn ThreadPool,
+    phase: Phase,
+    epilogue: Option<crate::EpilogueFn>,
+) -> Result<()> {
     // Kernels compute with FTZ / DAZ off whatever this thread's mode (SPEC.md §2); the
     // caller's mode is back when this drops, on return or unwinding (see `fpenv`).
     let _fp = crate::fpenv::KernelFpEnv::enter();
     crate::catch_panic(op, || {
         let specs = op.infer_concrete_cached(&site.infer, inputs, &site.attrs)?;
+        if epilogue.is_some()
+            && (op.flags.data_dependent_shape || specs.iter().any(|s| s.dtype != DType::F32))
+        {
+            return Err(Error::internal(
+                "an epilogue needs f32 outputs of a static shape",
+            ));
+        }
         if op.flags.data_dependent_shape {
             if phase == Phase::ShapesOnly {
                 return Err(Error::unsupported(
@@ -343,8 +368,15 @@ pub fn run<'t>(
             v
         }
         let mut views: crate::Few<TensorMut> = views.into_iter().map(shorten).collect();
-        let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool);
-        (op.cpu)(&mut ctx)
+        let mut ctx =
+            KernelCtx::new(op, inputs, &mut views, &site.attrs, pool).with_epilogue(epilogue);
+        (op.cpu)(&mut ctx)?;
+        if let Some(f) = ctx.take_epilogue() {
+            for v in views.iter_mut() {
+                f(v.as_mut_slice::<f32>()?);
+            }
+        }
+        Ok(())
     })
 }
 

@@ -29,15 +29,15 @@ pub mod tensor;
 pub mod unknown_attrs;
 
 pub use attrs::{widen_f32_attr, AttrValue, Attrs};
-pub use call::{AttrSource, CallSite, CallSites, Phase};
+pub use call::{run_with_epilogue, AttrSource, CallSite, CallSites, Phase};
 pub use dim::{broadcast_dims, fmt_dims, BinOp, Constraint, Dim, Expr, Relation};
 pub use dtype::{DType, DTypeCodes, Element, FloatElem};
 pub use error::{catch_panic, Error, ErrorKind, OpRef, Result};
 pub use fpenv::KernelFpEnv;
 pub use onnx::{OnnxAttr, OnnxInput, OnnxLayout, OnnxNode, OnnxOp, OnnxPlan};
 pub use op::{
-    camel_case, Backward, BwdInput, InferCtx, Inferred, KernelCtx, OpBuilder, OpDef, OpFlags,
-    OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
+    camel_case, Backward, BwdInput, EpilogueFn, InferCtx, Inferred, KernelCtx, OpBuilder, OpDef,
+    OpFlags, OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
 };
 pub use parallel::{
     available_threads, default_pool, parallel_for, run_c_job, run_tasks, CJob, PanicSlot,

@@ -130,7 +130,18 @@ pub struct KernelCtx<'a, 'b> {
     pub attrs: &'a Attrs,
     pub pool: &'a dyn ThreadPool,
     allocator: Option<&'b mut dyn OutputAllocator<'a>>,
+    /// An elementwise op to apply to the outputs (see [`EpilogueFn`]), until the kernel takes
+    /// it ([`KernelCtx::take_epilogue`]); the call path applies one left here afterwards.
+    epilogue: Option<EpilogueFn>,
 }
+
+/// An elementwise op's in-place f32 form (`relu`), declared by the op with
+/// [`OpBuilder::epilogue`]. A caller that runs an op and then this one on the op's only
+/// output may instead hand it to the op ([`crate::call::run_with_epilogue`]): an op that
+/// declares [`OpFlags::applies_epilogue`] applies it to each block of its f32 output as the
+/// block is finished, while it is in cache, instead of a second pass over memory. It must give
+/// the bits of the op's own kernel, so fusing never changes a result.
+pub type EpilogueFn = fn(&mut [f32]);
 
 /// How a data-dependent op gets its outputs once it knows their shapes.
 pub trait OutputAllocator<'a> {
@@ -158,7 +169,18 @@ impl<'a, 'b> KernelCtx<'a, 'b> {
             attrs,
             pool,
             allocator: None,
+            epilogue: None,
         }
+    }
+    /// Ask the kernel to apply `epilogue` to its outputs (see [`EpilogueFn`]).
+    pub fn with_epilogue(mut self, epilogue: Option<EpilogueFn>) -> Self {
+        self.epilogue = epilogue;
+        self
+    }
+    /// The epilogue to apply, for a kernel that applies it itself as it writes its f32 output;
+    /// one not taken is applied by the call path over the whole output after the kernel.
+    pub fn take_epilogue(&mut self) -> Option<EpilogueFn> {
+        self.epilogue.take()
     }
     /// For data-dependent ops: outputs come from `allocator`.
     pub fn with_allocator(mut self, allocator: &'b mut dyn OutputAllocator<'a>) -> Self {
@@ -217,6 +239,9 @@ pub struct OpFlags {
     pub data_dependent_shape: bool,
     /// A backward op: exposed so gradients can call it, not part of the user-facing list.
     pub backward_only: bool,
+    /// Its f32 kernel applies an epilogue its caller hands it ([`KernelCtx::take_epilogue`])
+    /// block by block: worth fusing with a following op that has an [`OpDef::epilogue`].
+    pub applies_epilogue: bool,
 }
 
 /// Which dtype each tensor argument / return has: the type variable `T` or a fixed dtype.
@@ -255,6 +280,9 @@ pub struct OpDef {
     pub sharding: Option<ShardFn>,
     /// The standard ONNX ops it implements exactly ([`crate::onnx`]), for execution providers.
     pub onnx: Vec<crate::onnx::OnnxOp>,
+    /// Its in-place f32 form, for fusing into the op that produces its input ([`EpilogueFn`]);
+    /// only for an op with one tensor input and no attributes.
+    pub epilogue: Option<EpilogueFn>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -295,6 +323,7 @@ pub struct OpBuilder {
     axis_attrs: Vec<&'static str>,
     sharding: Option<ShardFn>,
     onnx: Vec<crate::onnx::OnnxOp>,
+    epilogue: Option<EpilogueFn>,
 }
 
 impl OpDef {
@@ -323,6 +352,7 @@ impl OpDef {
             axis_attrs: Vec::new(),
             sharding: None,
             onnx: Vec::new(),
+            epilogue: None,
         }
     }
 
@@ -696,6 +726,17 @@ impl OpBuilder {
         self.flags.data_dependent_shape = true;
         self
     }
+    /// The op's in-place f32 form ([`EpilogueFn`]): only for an op with one tensor input and
+    /// no attributes (checked by `build`).
+    pub fn epilogue(mut self, f: EpilogueFn) -> Self {
+        self.epilogue = Some(f);
+        self
+    }
+    /// Its kernel applies a caller's epilogue to its f32 output ([`OpFlags::applies_epilogue`]).
+    pub fn applies_epilogue(mut self) -> Self {
+        self.flags.applies_epilogue = true;
+        self
+    }
     pub fn backward_only(mut self) -> Self {
         self.flags.backward_only = true;
         self
@@ -757,6 +798,16 @@ impl OpBuilder {
                 .in_op(leaked));
             }
         }
+        if self.epilogue.is_some()
+            && (schema.tensor_args().count() != 1
+                || schema.attr_args().count() != 0
+                || schema.returns.len() != 1)
+        {
+            return Err(Error::invalid(
+                "an epilogue needs one tensor input, one output and no attributes",
+            )
+            .in_op(leaked));
+        }
         if !input_types.contains(&TypeRule::T) && output_types.contains(&TypeRule::T) {
             return Err(Error::invalid("an output has type T but no input binds T").in_op(leaked));
         }
@@ -781,6 +832,7 @@ impl OpBuilder {
             namespace: DEFAULT_NAMESPACE,
             sharding: self.sharding,
             onnx: self.onnx,
+            epilogue: self.epilogue,
         })
     }
 }
