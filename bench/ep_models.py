@@ -145,16 +145,23 @@ def _profile(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[dict
             s.run(None, feeds)
         with open(s.end_profiling()) as f:
             events = json.load(f)
+        assigned = pox.node_providers(s) if provider else {}
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]
     where, per_run = {}, [defaultdict(float) for _ in spans]
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
             continue
         a = e.get("args", {})
-        where[e["name"].removesuffix("_kernel_time")] = a.get("provider")
+        name = e["name"].removesuffix("_kernel_time")
+        where[name] = a.get("provider")
+        # a node polyop fused (Conv + the Relu after it) is named after the provider
+        op = "Conv+Relu (fused)" if name.startswith(EP) and a.get("provider") == EP else a.get("op_name", "?")
         for i, (t0, t1) in enumerate(spans):
             if t0 <= e["ts"] <= t1:
-                per_run[i][a.get("op_name", "?")] += e["dur"]
+                per_run[i][op] += e["dur"]
+    # the model nodes inside fused nodes: ONNX Runtime's own record of the partitioning
+    if any(k.startswith(EP) and v == EP for k, v in where.items()):
+        where.update({k: v for k, v in assigned.items() if k not in where and v == EP})
     types = set().union(*per_run) if per_run else set()
     return where, {t: statistics.median(r.get(t, 0.0) for r in per_run) for t in types}
 
@@ -232,7 +239,7 @@ def markdown(results: list[dict]) -> str:
                        key=lambda t: -max(r["split_cpu"].get(t, 0), r["split_ep"].get(t, 0)))
         for t in types:
             a, b = r["split_cpu"].get(t, 0.0), r["split_ep"].get(t, 0.0)
-            name = f"**{t}**" if t in claim_types else t
+            name = f"**{t}**" if t in claim_types or t.endswith("(fused)") else t
             ratio = f"{a / b:.2f}" if a and b else "—"
             lines.append(f"| {r['model']} | {name} | {a / 1e3:.3f} ms | {b / 1e3:.3f} ms | {ratio} |")
     return "\n".join(lines) + "\n"

@@ -184,8 +184,19 @@ def provider_session_options(library: str | None = None, **kw: Any) -> ort.Sessi
         if not hasattr(so, k):
             raise TypeError(f"polyop: onnxruntime.SessionOptions has no attribute {k!r}")
         setattr(so, k, v)
+    # keeps ONNX Runtime's record of which provider each model node went to (node_providers)
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     so.add_provider_for_devices(provider_devices(library), {})
     return so
+
+
+def node_providers(session: ort.InferenceSession) -> dict[str, str]:
+    """``{model node name: execution provider}`` for a session made with
+    :func:`provider_session_options`, from ONNX Runtime's own record of its partitioning. A
+    ``Conv`` whose only reader is a ``Relu`` runs with it as one fused node: the profile names
+    that node ``PolyopExecutionProvider_...``, and this lists both model nodes under
+    ``PolyopExecutionProvider``."""
+    return {n.name: sg.ep_name for sg in session.get_provider_graph_assignment_info() for n in sg.get_nodes()}
 
 
 def op_type(op: str, library: str | None = None) -> str:

@@ -19,7 +19,8 @@ use crate::pool::OrtPool;
 use crate::sys::ep::{
     KernelCreateFn, OrtAllocator, OrtApiEp, OrtDataTransferImpl, OrtEp, OrtEpApi, OrtEpFactory,
     OrtEpGraphSupportInfo, OrtKernelDef, OrtKernelImpl, OrtKernelRegistry, OrtMemoryDevice,
-    OrtSyncStreamImpl, Status, EP_API_VERSION, FACTORY_API_VERSION,
+    OrtNodeComputeContext, OrtNodeComputeInfo, OrtNodeFusionOptions, OrtSyncStreamImpl, Status,
+    EP_API_VERSION, FACTORY_API_VERSION,
 };
 use crate::sys::{runtime, Api};
 use crate::tensor::{input_view, onnx_type_name, OrtOutputs, ONNX_DTYPES};
@@ -27,8 +28,8 @@ use kernel_core::ffi::string_from_c;
 use kernel_core::onnx::flatten_2d_dims;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    call, ArgType, AttrValue, CallSite, CallSites, DType, Dim, Error, OnnxNode, OnnxOp, OnnxPlan,
-    OpDef, OwnedTensor, Phase, Registry, Result, TensorMut, TensorRef, TensorSpec,
+    call, ArgType, AttrValue, CallSite, CallSites, DType, Dim, EpilogueFn, Error, OnnxNode, OnnxOp,
+    OnnxPlan, OpDef, OwnedTensor, Phase, Registry, Result, TensorMut, TensorRef, TensorSpec,
 };
 use ort_sys::{
     OrtApiBase, OrtEpDevice, OrtErrorCode, OrtGraph, OrtHardwareDevice, OrtHardwareDeviceType,
@@ -91,6 +92,12 @@ struct Kernel {
 
 fn verbose() -> bool {
     std::env::var_os("POLYOP_ORT_EP_VERBOSE").is_some()
+}
+
+/// Whether `GetCapability` fuses a claimed node with a following elementwise one (on unless
+/// `POLYOP_ORT_EP_FUSE=0`, for comparisons).
+fn fusion_enabled() -> bool {
+    std::env::var("POLYOP_ORT_EP_FUSE").map_or(true, |v| v.trim() != "0")
 }
 
 fn status(api: Api, e: &Error) -> Status {
@@ -330,7 +337,9 @@ unsafe extern "system" fn create_ep(
                 ort_version_supported: EP_API_VERSION,
                 GetName: ep_name,
                 GetCapability: get_capability,
-                optional: [None; 10],
+                Compile: Some(compile),
+                ReleaseNodeComputeInfos: Some(release_compute_infos),
+                optional: [None; 8],
                 GetKernelRegistry: get_kernel_registry,
                 IsConcurrentRunSupported: None,
             },
@@ -527,7 +536,82 @@ unsafe extern "system" fn get_capability(
     }
 }
 
-/// Claim every node that a registered kernel implements exactly.
+/// A node `claim_nodes` claims: its kernel and the op's plan for it.
+struct Claimed {
+    node: *const OrtNode,
+    claim: &'static Claim,
+    plan: OnnxPlan,
+}
+
+/// The nodes of a graph.
+///
+/// # Safety
+/// `graph` is live; the nodes (owned by it) are used only while it is.
+unsafe fn graph_nodes(fa: &Factory, graph: *const OrtGraph) -> Result<Vec<*const OrtNode>> {
+    let (api, x) = (fa.api, fa.ext);
+    // SAFETY: `graph` is live; the array has room for the count the graph reported.
+    unsafe {
+        let n = api.out(0usize, |n| ptrs((x.Graph_GetNumNodes)(graph, n)))?;
+        let mut nodes = vec![ptr::null::<OrtNode>(); n];
+        api.check(ptrs((x.Graph_GetNodes)(graph, nodes.as_mut_ptr(), n)))?;
+        Ok(nodes)
+    }
+}
+
+/// The registered kernel that serves `node` (its domain, op type and opset version) and the
+/// op's plan for it; `None` when there is none or the op refuses the node (said on stderr
+/// under `POLYOP_ORT_EP_VERBOSE`).
+///
+/// # Safety
+/// `node` is live for this call.
+unsafe fn claim_of(
+    fa: &Factory,
+    node: *const OrtNode,
+) -> Result<Option<(&'static Claim, OnnxPlan)>> {
+    let (api, x) = (fa.api, fa.ext);
+    // SAFETY: a live node; the strings it returns are owned by the node.
+    let (domain, op_type, version) = unsafe {
+        let d = api.out(ptr::null(), |p| ptrs((x.Node_GetDomain)(node, p)))?;
+        let t = api.out(ptr::null(), |p| ptrs((x.Node_GetOperatorType)(node, p)))?;
+        let v = api.out(0i32, |p| ptrs((x.Node_GetSinceVersion)(node, p)))?;
+        (
+            string_from_c(d).unwrap_or_default(),
+            string_from_c(t).unwrap_or_default(),
+            v,
+        )
+    };
+    if !(domain.is_empty() || domain == "ai.onnx") {
+        return Ok(None);
+    }
+    let claims: &'static [Claim] = fa.claims;
+    let Some(claim) = claims
+        .iter()
+        .find(|c| c.map.op_type == op_type && c.version as i32 == version)
+    else {
+        if verbose() && claims.iter().any(|c| c.map.op_type == op_type) {
+            eprintln!(
+                "polyop EP: {op_type} (version {version}) not claimed: no kernel for this version"
+            );
+        }
+        return Ok(None);
+    };
+    // SAFETY: `node` is live for this call.
+    let view = unsafe { GraphNode::new(fa, node, version as u32) }?;
+    match claim.map.plan(claim.op, &view) {
+        Ok(plan) => Ok(Some((claim, plan))),
+        Err(why) => {
+            if verbose() {
+                eprintln!("polyop EP: {op_type} {version} not claimed: {why}");
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Claim every node that a registered kernel implements exactly: each alone (onnxruntime then
+/// creates its kernel through the registry), except a node whose op applies epilogues followed
+/// by an elementwise node that is one ([`epilogue_pairs`]): those two are fused into one node
+/// that [`compile`] runs as one call.
 ///
 /// # Safety
 /// `graph` and `info` are live for the `GetCapability` call in progress.
@@ -536,76 +620,180 @@ unsafe fn claim_nodes(
     graph: *const OrtGraph,
     info: *mut OrtEpGraphSupportInfo,
 ) -> Result<()> {
-    let (api, x) = (fa.api, fa.ext);
-    // SAFETY: `graph` is live; the node array has room for the count the graph reported, and
-    // the nodes (owned by the graph) are used only during this call.
-    let nodes = unsafe {
-        let n = api.out(0usize, |n| ptrs((x.Graph_GetNumNodes)(graph, n)))?;
-        let mut nodes = vec![ptr::null::<OrtNode>(); n];
-        api.check(ptrs((x.Graph_GetNodes)(graph, nodes.as_mut_ptr(), n)))?;
-        nodes
-    };
-    for node in nodes {
-        // SAFETY: a live node of `graph`; the strings it returns are owned by the node.
-        let (domain, op_type, version) = unsafe {
-            let d = api.out(ptr::null(), |p| ptrs((x.Node_GetDomain)(node, p)))?;
-            let t = api.out(ptr::null(), |p| ptrs((x.Node_GetOperatorType)(node, p)))?;
-            let v = api.out(0i32, |p| ptrs((x.Node_GetSinceVersion)(node, p)))?;
-            (
-                string_from_c(d).unwrap_or_default(),
-                string_from_c(t).unwrap_or_default(),
-                v,
-            )
+    let api = fa.api;
+    let mut claimed = Vec::new();
+    // SAFETY: `graph` is live for this call.
+    for node in unsafe { graph_nodes(fa, graph) }? {
+        // SAFETY: a live node of `graph`.
+        let Some((claim, plan)) = (unsafe { claim_of(fa, node) })? else {
+            continue;
         };
-        if !(domain.is_empty() || domain == "ai.onnx") {
+        let mut def: *const OrtKernelDef = ptr::null();
+        // SAFETY: `info` and `node` are live; `def` is a writable local (owned by onnxruntime,
+        // not released).
+        unsafe {
+            api.check(ptrs((fa.ep_api.EpGraphSupportInfo_LookUpKernel)(
+                info, node, &mut def,
+            )))?;
+        }
+        if def.is_null() {
+            if verbose() {
+                eprintln!(
+                    "polyop EP: {} {}: no registered kernel matched",
+                    claim.map.op_type, claim.version
+                );
+            }
             continue;
         }
-        let Some(claim) = fa
-            .claims
-            .iter()
-            .find(|c| c.map.op_type == op_type && c.version as i32 == version)
-        else {
-            if verbose() && fa.claims.iter().any(|c| c.map.op_type == op_type) {
-                eprintln!("polyop EP: {op_type} (version {version}) not claimed: no kernel for this version");
-            }
-            continue;
+        claimed.push(Claimed { node, claim, plan });
+    }
+    let pairs = if fusion_enabled() {
+        // SAFETY: the claimed nodes are live nodes of `graph`.
+        unsafe { epilogue_pairs(fa, &claimed) }?
+    } else {
+        Vec::new()
+    };
+    let mut fused = vec![false; claimed.len()];
+    for &(p, c) in &pairs {
+        fused[p] = true;
+        fused[c] = true;
+        let nodes = [claimed[p].node, claimed[c].node];
+        let options = OrtNodeFusionOptions {
+            ort_version_supported: EP_API_VERSION,
+            drop_constant_initializers: false,
         };
-        // SAFETY: `node` is live for this call.
-        let view = unsafe { GraphNode::new(fa, node, version as u32) }?;
-        match claim.map.plan(claim.op, &view) {
-            Ok(_) => {
-                let mut def: *const OrtKernelDef = ptr::null();
-                // SAFETY: `info` and `node` are live; `def` is a writable local (owned by
-                // onnxruntime, not released).
-                unsafe {
-                    api.check(ptrs((fa.ep_api.EpGraphSupportInfo_LookUpKernel)(
-                        info, node, &mut def,
-                    )))?;
-                }
-                if def.is_null() {
-                    if verbose() {
-                        eprintln!("polyop EP: {op_type} {version}: no registered kernel matched");
-                    }
-                    continue;
-                }
-                // SAFETY: as above.
-                unsafe {
-                    api.check(ptrs((fa.ep_api.EpGraphSupportInfo_AddSingleNode)(
-                        info, node,
-                    )))?
-                };
-                if verbose() {
-                    eprintln!("polyop EP: {op_type} {version} claimed ({})", claim.op.name);
-                }
-            }
-            Err(why) => {
-                if verbose() {
-                    eprintln!("polyop EP: {op_type} {version} not claimed: {why}");
-                }
-            }
+        // SAFETY: `info` and the nodes are live; onnxruntime copies the array.
+        unsafe {
+            api.check(ptrs((fa.ep_api.EpGraphSupportInfo_AddNodesToFuse)(
+                info,
+                nodes.as_ptr(),
+                nodes.len(),
+                &options,
+            )))?
+        };
+        if verbose() {
+            eprintln!(
+                "polyop EP: {} claimed ({}) with the {} after it as its epilogue",
+                claimed[p].claim.map.op_type,
+                claimed[p].claim.op.name,
+                claimed[c].claim.map.op_type
+            );
+        }
+    }
+    for (c, _) in claimed.iter().zip(&fused).filter(|(_, f)| !**f) {
+        // SAFETY: as above.
+        unsafe {
+            api.check(ptrs((fa.ep_api.EpGraphSupportInfo_AddSingleNode)(
+                info, c.node,
+            )))?
+        };
+        if verbose() {
+            eprintln!(
+                "polyop EP: {} {} claimed ({})",
+                c.claim.map.op_type, c.claim.version, c.claim.op.name
+            );
         }
     }
     Ok(())
+}
+
+/// The value infos of a node's outputs (null for an absent optional one).
+///
+/// # Safety
+/// `node` is live; the value infos are used only while it is.
+unsafe fn node_outputs(fa: &Factory, node: *const OrtNode) -> Result<Vec<*const OrtValueInfo>> {
+    let (api, x) = (fa.api, fa.ext);
+    // SAFETY: `node` is live; the array has room for the count it reported.
+    unsafe {
+        let n = api.out(0usize, |n| ptrs((x.Node_GetNumOutputs)(node, n)))?;
+        let mut v = vec![ptr::null::<OrtValueInfo>(); n];
+        api.check(ptrs((x.Node_GetOutputs)(node, v.as_mut_ptr(), n)))?;
+        Ok(v)
+    }
+}
+
+/// The names of a node's inputs (`None` for an absent optional one).
+///
+/// # Safety
+/// `node` is live.
+unsafe fn node_input_names(fa: &Factory, node: *const OrtNode) -> Result<Vec<Option<String>>> {
+    // SAFETY: `node` is live (this function's contract).
+    let view = unsafe { GraphNode::new(fa, node, 0) }?;
+    view.inputs
+        .iter()
+        .map(|&vi| {
+            if vi.is_null() {
+                return Ok(None);
+            }
+            // SAFETY: a live value info of the node; the name is owned by it.
+            let name = unsafe {
+                fa.api
+                    .out(ptr::null(), |p| ptrs((fa.ext.GetValueInfoName)(vi, p)))?
+            };
+            // SAFETY: a NUL-terminated string owned by the value info.
+            Ok(unsafe { string_from_c(name) }.filter(|n| !n.is_empty()))
+        })
+        .collect()
+}
+
+/// The pairs (producer, consumer) of claimed nodes to fuse: the producer's op applies
+/// epilogues ([`kernel_core::OpFlags::applies_epilogue`]) and its plan computes the node as it
+/// is (no run-time attributes, no reshaped or transposed tensors); its one output is float32,
+/// not a graph output, and read only by the consumer, whose op has an epilogue form
+/// ([`OpDef::epilogue`]) and which has no other input.
+///
+/// # Safety
+/// The claimed nodes are live.
+unsafe fn epilogue_pairs(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<(usize, usize)>> {
+    let (api, x) = (fa.api, fa.ext);
+    let plain = |c: &Claimed| {
+        c.plan.runtime_ints.is_empty()
+            && c.plan.flatten_axis.is_none()
+            && c.plan.transpose_output.is_none()
+    };
+    let mut pairs = Vec::new();
+    for (pi, p) in claimed.iter().enumerate() {
+        if !p.claim.op.flags.applies_epilogue || !plain(p) {
+            continue;
+        }
+        // SAFETY: a live node.
+        let outs = unsafe { node_outputs(fa, p.node) }?;
+        let [out] = outs[..] else { continue };
+        if out.is_null() {
+            continue;
+        }
+        // SAFETY: `out` is a live value info of the node; the consumer arrays have room for
+        // the one consumer counted.
+        let consumer = unsafe {
+            if !matches!(value_info_spec(api, x, out), Ok(s) if s.dtype == DType::F32) {
+                continue;
+            }
+            let graph_output = api.out(false, |b| ptrs((x.ValueInfo_IsGraphOutput)(out, b)))?;
+            let n = api.out(0usize, |n| ptrs((x.ValueInfo_GetValueNumConsumers)(out, n)))?;
+            if graph_output || n != 1 {
+                continue;
+            }
+            let mut node = ptr::null::<OrtNode>();
+            let mut index = -1i64;
+            api.check(ptrs((x.ValueInfo_GetValueConsumers)(
+                out, &mut node, &mut index, 1,
+            )))?;
+            if index != 0 {
+                continue;
+            }
+            node
+        };
+        let Some(ci) = claimed.iter().position(|c| c.node == consumer) else {
+            continue;
+        };
+        let c = &claimed[ci];
+        // SAFETY: a live node.
+        let c_inputs = unsafe { GraphNode::new(fa, c.node, 0) }?.inputs.len();
+        if c.claim.op.epilogue.is_some() && plain(c) && c_inputs == 1 {
+            pairs.push((pi, ci));
+        }
+    }
+    Ok(pairs)
 }
 
 /// A tensor's element type and declared dims as the plan sees them.
@@ -643,6 +831,35 @@ unsafe fn int_values(api: Api, v: *const OrtValue) -> Option<Vec<i64>> {
             .map(|c| c.iter().map(|&x| x as i64).collect()),
         _ => None,
     }
+}
+
+/// A graph value's element type and declared dims.
+///
+/// # Safety
+/// `vi` is a live value info.
+unsafe fn value_info_spec(
+    api: Api,
+    x: &OrtApiEp,
+    vi: *const OrtValueInfo,
+) -> std::result::Result<TensorSpec, String> {
+    let mut ti: *const ort_sys::OrtTypeInfo = ptr::null();
+    let mut tinfo: *const OrtTensorTypeAndShapeInfo = ptr::null();
+    // SAFETY: `vi` is live (this function's contract); the type info belongs to it (not
+    // released); `tinfo` points into `ti`.
+    let ok = unsafe {
+        api.check(ptrs((x.GetValueInfoTypeInfo)(vi, &mut ti)))
+            .is_ok()
+            && !ti.is_null()
+            && api
+                .check((api.0.CastTypeInfoToTensorInfo)(ti, &mut tinfo))
+                .is_ok()
+            && !tinfo.is_null()
+    };
+    if !ok {
+        return Err("a non-tensor type".into());
+    }
+    // SAFETY: a live tensor info (above).
+    unsafe { spec_of(api, tinfo) }
 }
 
 /// A node of the graph `GetCapability` is asked about.
@@ -688,26 +905,8 @@ impl OnnxNode for GraphNode {
         if vi.is_null() {
             return None;
         }
-        let mut ti: *const ort_sys::OrtTypeInfo = ptr::null();
-        let mut tinfo: *const OrtTensorTypeAndShapeInfo = ptr::null();
-        // SAFETY: `vi` is a live value info of the node; the type info belongs to it (not
-        // released); `tinfo` points into `ti`.
-        let ok = unsafe {
-            self.api
-                .check(ptrs((self.ext.GetValueInfoTypeInfo)(vi, &mut ti)))
-                .is_ok()
-                && !ti.is_null()
-                && self
-                    .api
-                    .check((self.api.0.CastTypeInfoToTensorInfo)(ti, &mut tinfo))
-                    .is_ok()
-                && !tinfo.is_null()
-        };
-        if !ok {
-            return Some(Err("a non-tensor type".into()));
-        }
-        // SAFETY: a live tensor info (above).
-        Some(unsafe { spec_of(self.api, tinfo) })
+        // SAFETY: a live value info of the node.
+        Some(unsafe { value_info_spec(self.api, self.ext, vi) })
     }
     fn attr(&self, name: &str, ty: &ArgType) -> Option<AttrValue> {
         let (api, x, node) = (self.api, self.ext, self.node);
@@ -960,6 +1159,173 @@ unsafe extern "system" fn kernel_compute(
             call::run(op, &ins, &site, &mut outs, &pool, Phase::Compute)?;
         }
         outs.finish()
+    })
+    .0
+}
+
+// ---- fused nodes -----------------------------------------------------------------------
+
+/// A compiled pair from [`epilogue_pairs`]: the producer's op, its plan with inputs numbered as
+/// the fused node's, and the consumer's epilogue, run as one call
+/// ([`call::run_with_epilogue`]).
+#[repr(C)]
+struct FusedNode {
+    base: OrtNodeComputeInfo,
+    claim: &'static Claim,
+    plan: OnnxPlan,
+    site: CallSite,
+    epilogue: EpilogueFn,
+}
+
+unsafe extern "system" fn compile(
+    ep: *mut OrtEp,
+    graphs: *const *const OrtGraph,
+    fused_nodes: *const *const OrtNode,
+    count: usize,
+    infos: *mut *mut OrtNodeComputeInfo,
+    _ep_context_nodes: *mut *mut OrtNode,
+) -> Status {
+    // SAFETY: onnxruntime calls this with a provider from `create_ep` and `count` graphs, fused
+    // nodes and compute-info slots (EPContext nodes are not made: left as they are).
+    let (_, fa) = unsafe { ep_of(ep) };
+    let r = std::panic::catch_unwind(|| -> Result<()> {
+        for i in 0..count {
+            // SAFETY: as above.
+            unsafe { *infos.add(i) = ptr::null_mut() };
+        }
+        for i in 0..count {
+            // SAFETY: as above; the graph and node are live for this call.
+            let made = unsafe { compile_one(fa, *graphs.add(i), *fused_nodes.add(i)) }?;
+            // SAFETY: as above; onnxruntime releases it through `release_compute_infos`.
+            unsafe { *infos.add(i) = Box::into_raw(made) as *mut OrtNodeComputeInfo };
+        }
+        Ok(())
+    });
+    match r {
+        Ok(Ok(())) => ptr::null_mut(),
+        Ok(Err(e)) => status(fa.api, &e),
+        Err(p) => status(fa.api, &Error::from_panic("Compile", p)),
+    }
+}
+
+/// The compute info of one fused pair: `graph` holds the two nodes `GetCapability` fused;
+/// `fused` is the node that replaces them, whose inputs are the producer's.
+///
+/// # Safety
+/// `graph` and `fused` are live for this call.
+unsafe fn compile_one(
+    fa: &Factory,
+    graph: *const OrtGraph,
+    fused: *const OrtNode,
+) -> Result<Box<FusedNode>> {
+    let mut producer = None;
+    let mut epilogue = None;
+    // SAFETY: `graph` and its nodes are live for this call.
+    for node in unsafe { graph_nodes(fa, graph) }? {
+        // SAFETY: as above.
+        let (claim, plan) = unsafe { claim_of(fa, node) }?
+            .ok_or_else(|| Error::internal("a fused node polyop does not claim"))?;
+        if claim.op.flags.applies_epilogue && producer.is_none() {
+            producer = Some((node, claim, plan));
+        } else {
+            epilogue = claim.op.epilogue;
+        }
+    }
+    let (Some((node, claim, mut plan)), Some(epilogue)) = (producer, epilogue) else {
+        return Err(Error::internal(
+            "a fused group that is not an op and its epilogue",
+        ));
+    };
+    // the producer's input j is the fused node's input of the same name
+    // SAFETY: both nodes are live.
+    let (own, outer) = unsafe { (node_input_names(fa, node)?, node_input_names(fa, fused)?) };
+    for j in plan.inputs.iter_mut() {
+        *j = match j.and_then(|j| own.get(j).cloned().flatten()) {
+            None => None,
+            Some(name) => Some(
+                outer
+                    .iter()
+                    .position(|o| o.as_deref() == Some(name.as_str()))
+                    .ok_or_else(|| {
+                        Error::internal(format!("input `{name}` is not an input of the fused node"))
+                    })?,
+            ),
+        };
+    }
+    let site = CallSite::new(plan.attrs.clone());
+    Ok(Box::new(FusedNode {
+        base: OrtNodeComputeInfo {
+            ort_version_supported: EP_API_VERSION,
+            CreateState: fused_create_state,
+            Compute: fused_compute,
+            ReleaseState: fused_release_state,
+        },
+        claim,
+        plan,
+        site,
+        epilogue,
+    }))
+}
+
+unsafe extern "system" fn release_compute_infos(
+    _ep: *mut OrtEp,
+    infos: *mut *mut OrtNodeComputeInfo,
+    count: usize,
+) {
+    for i in 0..count {
+        // SAFETY: onnxruntime hands back `count` compute infos made by `compile`
+        // (`Box<FusedNode>`, `OrtNodeComputeInfo` first), each released once.
+        unsafe {
+            let p = *infos.add(i);
+            if !p.is_null() {
+                drop(Box::from_raw(p as *mut FusedNode));
+            }
+        }
+    }
+}
+
+unsafe extern "system" fn fused_create_state(
+    _info: *mut OrtNodeComputeInfo,
+    _ctx: *mut OrtNodeComputeContext,
+    state: *mut *mut c_void,
+) -> Status {
+    // (no per-state data: the compute info holds everything)
+    // SAFETY: onnxruntime's out-parameter.
+    unsafe { *state = ptr::null_mut() };
+    ptr::null_mut()
+}
+
+unsafe extern "system" fn fused_release_state(_info: *mut OrtNodeComputeInfo, _state: *mut c_void) {
+}
+
+unsafe extern "system" fn fused_compute(
+    info: *mut OrtNodeComputeInfo,
+    _state: *mut c_void,
+    ctx: *mut OrtKernelContext,
+) -> Status {
+    // SAFETY: made by `compile` and alive until `release_compute_infos`.
+    let f = unsafe { &*(info as *const FusedNode) };
+    let (api, op) = (f.claim.api, f.claim.op);
+    guard(api, op, || {
+        // SAFETY: `ctx` is the live context of this compute call; views do not outlive it.
+        let (ins, _) = unsafe { ep_inputs(api, op, &f.plan, ctx) }?;
+        let mut outs = OrtOutputs {
+            api,
+            ctx,
+            // SAFETY: as above.
+            n_out: unsafe { api.output_count(ctx) }?,
+            scratch: Vec::new(),
+        };
+        let pool = OrtPool { api, ctx };
+        call::run_with_epilogue(
+            op,
+            &ins,
+            &f.site,
+            &mut outs,
+            &pool,
+            Phase::Compute,
+            Some(f.epilogue),
+        )
     })
     .0
 }

@@ -50,7 +50,8 @@ opaque!(
     OrtSyncStreamImpl,
     OrtDataTransferImpl,
     OrtAllocator,
-    OrtRunOptions
+    OrtRunOptions,
+    OrtNodeComputeContext
 );
 
 /// `OrtApi` through C API 23: `ort-sys`'s API-17 struct (276 entries), then the entries of
@@ -58,8 +59,10 @@ opaque!(
 #[repr(C)]
 pub struct OrtApiEp {
     pub base: OrtApi,
-    _s276: [Slot; 14],
-    /// 290 (API 22)
+    _s276: [Slot; 13],
+    /// 289 (API 22)
+    pub GetValueInfoName:
+        unsafe extern "system" fn(*const OrtValueInfo, *mut *const c_char) -> Status,
     pub GetValueInfoTypeInfo:
         unsafe extern "system" fn(*const OrtValueInfo, *mut *const OrtTypeInfo) -> Status,
     _s291: [Slot; 16],
@@ -69,12 +72,22 @@ pub struct OrtApiEp {
     _s308: [Slot; 9],
     /// 317 (API 22)
     pub GetEpApi: unsafe extern "system" fn() -> *const OrtEpApi,
-    _s318: [Slot; 8],
-    /// 326 (API 23)
+    _s318: [Slot; 6],
+    /// 324 (API 23)
+    pub ValueInfo_GetValueNumConsumers:
+        unsafe extern "system" fn(*const OrtValueInfo, *mut usize) -> Status,
+    pub ValueInfo_GetValueConsumers: unsafe extern "system" fn(
+        *const OrtValueInfo,
+        *mut *const OrtNode,
+        *mut i64,
+        usize,
+    ) -> Status,
     pub ValueInfo_GetInitializerValue:
         unsafe extern "system" fn(*const OrtValueInfo, *mut *const OrtValue) -> Status,
-    _s327: [Slot; 4],
-    /// 331 (API 23)
+    _s327: [Slot; 3],
+    /// 330 (API 23)
+    pub ValueInfo_IsGraphOutput:
+        unsafe extern "system" fn(*const OrtValueInfo, *mut bool) -> Status,
     pub ValueInfo_IsConstantInitializer:
         unsafe extern "system" fn(*const OrtValueInfo, *mut bool) -> Status,
     _s332: [Slot; 12],
@@ -82,8 +95,9 @@ pub struct OrtApiEp {
     pub Graph_GetNumNodes: unsafe extern "system" fn(*const OrtGraph, *mut usize) -> Status,
     pub Graph_GetNodes:
         unsafe extern "system" fn(*const OrtGraph, *mut *const OrtNode, usize) -> Status,
-    _s346: [Slot; 4],
-    /// 350 (API 23)
+    _s346: [Slot; 3],
+    /// 349 (API 23)
+    pub Node_GetName: unsafe extern "system" fn(*const OrtNode, *mut *const c_char) -> Status,
     pub Node_GetOperatorType:
         unsafe extern "system" fn(*const OrtNode, *mut *const c_char) -> Status,
     pub Node_GetDomain: unsafe extern "system" fn(*const OrtNode, *mut *const c_char) -> Status,
@@ -91,14 +105,22 @@ pub struct OrtApiEp {
     pub Node_GetNumInputs: unsafe extern "system" fn(*const OrtNode, *mut usize) -> Status,
     pub Node_GetInputs:
         unsafe extern "system" fn(*const OrtNode, *mut *const OrtValueInfo, usize) -> Status,
-    _s355: [Slot; 6],
+    pub Node_GetNumOutputs: unsafe extern "system" fn(*const OrtNode, *mut usize) -> Status,
+    pub Node_GetOutputs:
+        unsafe extern "system" fn(*const OrtNode, *mut *const OrtValueInfo, usize) -> Status,
+    _s357: [Slot; 4],
     /// 361 (API 23)
     pub Node_GetAttributeByName:
         unsafe extern "system" fn(*const OrtNode, *const c_char, *mut *const OrtOpAttr) -> Status,
 }
 
 const W: usize = std::mem::size_of::<usize>();
+const _: () = assert!(std::mem::offset_of!(OrtApiEp, GetValueInfoName) == 289 * W);
 const _: () = assert!(std::mem::offset_of!(OrtApiEp, GetValueInfoTypeInfo) == 290 * W);
+const _: () = assert!(std::mem::offset_of!(OrtApiEp, ValueInfo_GetValueNumConsumers) == 324 * W);
+const _: () = assert!(std::mem::offset_of!(OrtApiEp, ValueInfo_IsGraphOutput) == 330 * W);
+const _: () = assert!(std::mem::offset_of!(OrtApiEp, Node_GetName) == 349 * W);
+const _: () = assert!(std::mem::offset_of!(OrtApiEp, Node_GetOutputs) == 356 * W);
 const _: () = assert!(std::mem::offset_of!(OrtApiEp, HardwareDevice_Type) == 307 * W);
 const _: () = assert!(std::mem::offset_of!(OrtApiEp, GetEpApi) == 317 * W);
 const _: () = assert!(std::mem::offset_of!(OrtApiEp, ValueInfo_GetInitializerValue) == 326 * W);
@@ -126,7 +148,12 @@ pub struct OrtEpApi {
         *mut *mut OrtEpDevice,
     ) -> Status,
     pub ReleaseEpDevice: Slot,
-    pub EpGraphSupportInfo_AddNodesToFuse: Slot,
+    pub EpGraphSupportInfo_AddNodesToFuse: unsafe extern "system" fn(
+        *mut OrtEpGraphSupportInfo,
+        *const *const OrtNode,
+        usize,
+        *const OrtNodeFusionOptions,
+    ) -> Status,
     pub EpGraphSupportInfo_AddSingleNode:
         unsafe extern "system" fn(*mut OrtEpGraphSupportInfo, *const OrtNode) -> Status,
     /// NodeComputeContext_NodeName .. ReleaseHardwareDevice
@@ -232,15 +259,52 @@ pub struct OrtEp {
         *const OrtGraph,
         *mut OrtEpGraphSupportInfo,
     ) -> Status,
-    /// Compile, ReleaseNodeComputeInfos (optional for kernel-based providers from 1.24),
+    /// Compiles the fused node groups `GetCapability` asked for (optional for kernel-based
+    /// providers from 1.24).
+    pub Compile: Option<
+        unsafe extern "system" fn(
+            *mut OrtEp,
+            *const *const OrtGraph,
+            *const *const OrtNode,
+            usize,
+            *mut *mut OrtNodeComputeInfo,
+            *mut *mut OrtNode,
+        ) -> Status,
+    >,
+    pub ReleaseNodeComputeInfos:
+        Option<unsafe extern "system" fn(*mut OrtEp, *mut *mut OrtNodeComputeInfo, usize)>,
     /// GetPreferredDataLayout, ShouldConvertDataLayoutForOp, SetDynamicOptions, OnRunStart,
     /// OnRunEnd, CreateAllocator, CreateSyncStreamForDevice, GetCompiledModelCompatibilityInfo
     /// (all optional): null.
-    pub optional: [Slot; 10],
+    pub optional: [Slot; 8],
     pub GetKernelRegistry:
         unsafe extern "system" fn(*mut OrtEp, *mut *const OrtKernelRegistry) -> Status,
     /// IsConcurrentRunSupported (optional): null.
     pub IsConcurrentRunSupported: Slot,
+}
+
+/// `OrtNodeFusionOptions` (API 23).
+#[repr(C)]
+pub struct OrtNodeFusionOptions {
+    pub ort_version_supported: u32,
+    pub drop_constant_initializers: bool,
+}
+
+/// `OrtNodeComputeInfo` (API 23): the compute functions of one compiled (fused) node.
+#[repr(C)]
+pub struct OrtNodeComputeInfo {
+    pub ort_version_supported: u32,
+    pub CreateState: unsafe extern "system" fn(
+        *mut OrtNodeComputeInfo,
+        *mut OrtNodeComputeContext,
+        *mut *mut c_void,
+    ) -> Status,
+    pub Compute: unsafe extern "system" fn(
+        *mut OrtNodeComputeInfo,
+        *mut c_void,
+        *mut OrtKernelContext,
+    ) -> Status,
+    pub ReleaseState: unsafe extern "system" fn(*mut OrtNodeComputeInfo, *mut c_void),
 }
 
 /// `OrtKernelImpl` (API 24). `flags` is onnxruntime's and must start at zero.
