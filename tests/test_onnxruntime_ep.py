@@ -381,6 +381,43 @@ def test_conv_relu_runs_as_one_fused_node(tmp_path, monkeypatch):
     np.testing.assert_array_equal(u1.view(np.uint32), y1.view(np.uint32))
 
 
+def test_residual_block_runs_conv_add_relu_as_one_node(tmp_path):
+    """ResNet's residual pattern, Conv -> Sum(conv, shortcut) -> Relu, with a shortcut that is
+    a Conv too (the Sum then has two producers: one chain takes it) and an Add with the
+    convolution as its second operand: each Conv + Add/Sum + Relu runs as one node on polyop,
+    with the bits of the nodes run apart, and against a NumPy reference."""
+    x = data([1, 6, 8, 8], "float32")
+    w1, w2, w3 = data([6, 6, 3, 3], "float32"), data([6, 6, 1, 1], "float32"), data([6, 6, 1, 1], "float32")
+    inits = [numpy_helper.from_array(a, n) for a, n in [(w1, "w1"), (w2, "w2"), (w3, "w3")]]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2"], ["s"], name="conv_s"),
+        helper.make_node("Sum", ["a", "s"], ["t"], name="sum"),
+        helper.make_node("Relu", ["t"], ["u"], name="relu"),
+        helper.make_node("Conv", ["u", "w3"], ["b"], name="conv_b"),
+        helper.make_node("Add", ["u", "b"], ["v"], name="add"),
+        helper.make_node("Relu", ["v"], ["y"], name="relu2"),
+    ]
+    m = make(nodes, [vi("x", "float32", x.shape)], [helper.make_tensor_value_info("y", TP.FLOAT, None)], 13, inits)
+    (y,), where = run(m, {"x": x}, tmp_path)
+    assert all(where.get(n.name) == EP for n in nodes), where
+    assert len([k for k in where if k.startswith(EP)]) == 2, where  # conv_s stays alone
+    x64 = x.astype(np.float64)
+    conv = lambda a, w, p: conv_ref(a, w.astype(np.float64), None, [1, 1], [p] * 4, [1, 1], 1)
+    u = np.maximum(conv(x64, w1, 1) + conv(x64, w2, 0), 0)
+    want = np.maximum(u + conv(u, w3, 0), 0)
+    assert (want == 0).mean() > 0.2 and (want > 0).mean() > 0.2
+    assert_close(y, want, "float32", 200, scale=np.abs(want) + np.abs(u) + 1)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("POLYOP_ORT_EP_FUSE", "0")
+    try:
+        (u_y,), where = run(m, {"x": x}, tmp_path)
+    finally:
+        monkeypatch.undo()
+    assert not [k for k in where if k.startswith(EP)] and where.get("sum") == EP, where
+    np.testing.assert_array_equal(u_y.view(np.uint32), y.view(np.uint32))
+
+
 @pytest.mark.parametrize("dtype", NUMERIC)
 def test_nonzero(dtype, tmp_path):
     x = data([3, 4, 5], dtype, -1, 2)

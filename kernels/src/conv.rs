@@ -21,7 +21,7 @@ use gemm::{gemm, Parallelism};
 use half::{bf16, f16};
 use kernel_core::fmt_dims;
 use kernel_core::{
-    parallel_for, ArgType, AttrValue, Attrs, BwdInput, DType, Dim, EpilogueFn, Error, Factor,
+    parallel_for, ArgType, AttrValue, Attrs, BwdInput, DType, Dim, Epilogue, Error, Factor,
     InferCtx, KernelCtx, OnnxNode, OnnxOp, OpDef, Registry, Result, ShapeOut, ShardCtx,
     ShardingRule, TensorRef, TensorSpec,
 };
@@ -1492,7 +1492,7 @@ fn gemm_tiles_f32(
     bc: &[f32],
     op: &OutPtr<f32>,
     pool: &dyn kernel_core::ThreadPool,
-    epi: Option<EpilogueFn>,
+    epi: Option<&[Epilogue]>,
 ) {
     let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
     let panels = og.div_ceil(MR);
@@ -1632,16 +1632,16 @@ fn gemm_tiles_f32(
     });
 }
 
-/// Apply a fused elementwise op ([`EpilogueFn`]) to a task's finished outputs while they are in
-/// cache: the channels of output-channel panels `panels` of group `grp`, image `img`, `len`
-/// positions from `p0`.
+/// Apply a caller's epilogue (fused elementwise ops, [`Epilogue`]) to a task's finished
+/// outputs while they are in cache: the channels of output-channel panels `panels` of group
+/// `grp`, image `img`, `len` positions from `p0`.
 ///
 /// # Safety
 /// Those outputs lie inside `op`'s `n * o * positions` output, are written, and no other
 /// thread touches them during the call.
 #[allow(clippy::too_many_arguments)]
 unsafe fn epilogue_block(
-    f: EpilogueFn,
+    steps: &[Epilogue],
     g: &Geom,
     op: &OutPtr<f32>,
     img: usize,
@@ -1653,11 +1653,11 @@ unsafe fn epilogue_block(
     let (og, pos) = (g.og(), g.positions());
     for pi in panels {
         for oc in grp * og + pi * MR..grp * og + (pi * MR + MR).min(og) {
+            let at = (img * g.o + oc) * pos + p0;
             // SAFETY: channel oc < o (a panel of group grp), positions p0..p0 + len of image
             // img: inside the output and this caller's alone (this function's contract).
-            f(unsafe {
-                std::slice::from_raw_parts_mut(op.ptr().add((img * g.o + oc) * pos + p0), len)
-            });
+            let out = unsafe { std::slice::from_raw_parts_mut(op.ptr().add(at), len) };
+            Epilogue::apply_all(steps, out, at);
         }
     }
 }
@@ -1704,7 +1704,7 @@ fn shifted3x3_f32(
     bc: &[f32],
     op: &OutPtr<f32>,
     pool: &dyn kernel_core::ThreadPool,
-    epi: Option<EpilogueFn>,
+    epi: Option<&[Epilogue]>,
 ) {
     let (cg, og, pos, ckk) = (g.cg(), g.og(), g.positions(), g.ckk());
     let panels = og.div_ceil(MR);

@@ -12,9 +12,9 @@ use crate::common::{
     Real, Scalar, GRAIN,
 };
 use kernel_core::{
-    broadcast_dims, fmt_dims, numel, parallel_for, AttrValue, BwdInput, DType, Error, InferCtx,
-    KernelCtx, OnnxOp, OpDef, OwnedTensor, Registry, Result, ShapeOut, ShardCtx, ShardingRule,
-    TensorMut, TensorRef, ThreadPool,
+    broadcast_dims, fmt_dims, numel, parallel_for, AttrValue, BwdInput, DType, EpilogueFn, Error,
+    InferCtx, KernelCtx, OnnxOp, OpDef, OwnedTensor, Registry, Result, ShapeOut, ShardCtx,
+    ShardingRule, TensorMut, TensorRef, ThreadPool,
 };
 
 pub fn register(r: &mut Registry) -> Result<()> {
@@ -35,6 +35,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .dtypes(DType::NUMERIC)
             .infer(broadcast_infer)
             .cpu(add_cpu)
+            .epilogue(EpilogueFn::Binary(add_in_place))
             // (Add-7 on: NumPy broadcasting; Sum-8 on, with exactly two inputs)
             .onnx(OnnxOp::new("Add", &[7, 13, 14]))
             .onnx(OnnxOp::new("Sum", &[8, 13]))
@@ -74,7 +75,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
             .dtypes(DType::NUMERIC)
             .infer(same_shape)
             .cpu(relu_cpu)
-            .epilogue(relu_in_place)
+            .epilogue(EpilogueFn::Unary(relu_in_place))
             .onnx(OnnxOp::new("Relu", &[6, 13, 14]))
             .backward(
                 "relu_backward",
@@ -279,8 +280,17 @@ fn relu_c<C: Num>(v: C) -> C {
     }
 }
 
-/// relu as an epilogue ([`kernel_core::EpilogueFn`]): `relu_c` on each value, the f32 kernel's
-/// bits.
+/// add as an epilogue ([`EpilogueFn`]): `out + other` (or `other + out`) per value, the f32
+/// kernel's bits (the operands in the node's order, so even a NaN's payload is the same).
+// (clippy takes `a + b` and `b + a` for the same; with two NaNs, x86 returns the first one's)
+#[allow(clippy::if_same_then_else)]
+fn add_in_place(out: &mut [f32], other: &[f32], out_first: bool) {
+    for (o, &b) in out.iter_mut().zip(other) {
+        *o = if out_first { *o + b } else { b + *o };
+    }
+}
+
+/// relu as an epilogue ([`EpilogueFn`]): `relu_c` on each value, the f32 kernel's bits.
 fn relu_in_place(v: &mut [f32]) {
     for x in v {
         *x = relu_c(*x);

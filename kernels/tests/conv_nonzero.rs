@@ -653,44 +653,39 @@ fn conv2d_grouped_1x1_reads_each_group_s_channels() {
 }
 
 /// conv2d with relu handed to it as an epilogue (what the ONNX Runtime provider runs for a
-/// fused `Conv` + `Relu`) gives exactly the bits of conv2d then relu, on every f32 path: the
-/// shifted 3x3 path, 1x1 layers read in place, im2col tiles (stride 2), grouped, and depthwise
-/// (which leaves the epilogue to the call path), serially and on 3 threads; and each result
-/// is relu of a float64 reference within tolerance.
+/// fused `Conv` + `Relu`) gives exactly the bits of conv2d then relu, and with add (of a
+/// residual, as either operand) then relu the bits of conv2d, add, relu, on every f32 path:
+/// the shifted 3x3 path, 1x1 layers read in place, im2col tiles (stride 2), grouped, and
+/// depthwise (which leaves the epilogue to the call path), serially and on 3 threads; and each
+/// relu result is relu of a float64 reference within tolerance.
 #[test]
 fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
     use kernel_core::call::{run_with_epilogue, CallSite, Phase};
     use kernel_core::exec::OwnedAllocator;
-    use kernel_core::{AttrValue, OwnedTensor, RayonPool, ThreadPool};
+    use kernel_core::{AttrValue, Epilogue, EpilogueFn, OwnedTensor, RayonPool, ThreadPool};
     let reg = polyop_kernels::registry();
-    let relu = reg
-        .lookup("relu")
-        .unwrap()
-        .epilogue
-        .expect("relu is an epilogue");
+    let Some(EpilogueFn::Unary(relu)) = reg.lookup("relu").unwrap().epilogue else {
+        panic!("relu is a unary epilogue")
+    };
+    let Some(EpilogueFn::Binary(add)) = reg.lookup("add").unwrap().epilogue else {
+        panic!("add is a binary epilogue")
+    };
     let conv = reg.lookup("conv2d").unwrap();
     assert!(conv.flags.applies_epilogue);
-    let fused =
-        |ins: &[Option<&OwnedTensor>], attrs: &kernel_core::Attrs, pool: &dyn ThreadPool| {
-            let views: Vec<_> = ins.iter().map(|t| t.map(|t| t.view())).collect();
-            let mut alloc = OwnedAllocator::default();
-            let site = CallSite::once(attrs.clone());
-            run_with_epilogue(
-                conv,
-                &views,
-                &site,
-                &mut alloc,
-                pool,
-                Phase::Compute,
-                Some(relu),
-            )
-            .unwrap();
-            alloc
-                .outputs
-                .into_iter()
-                .map(|b| *b)
-                .collect::<Vec<OwnedTensor>>()
-        };
+    let fused = |ins: &[Option<&OwnedTensor>],
+                 attrs: &kernel_core::Attrs,
+                 steps: &[Epilogue],
+                 pool: &dyn ThreadPool| {
+        let views: Vec<_> = ins.iter().map(|t| t.map(|t| t.view())).collect();
+        let mut alloc = OwnedAllocator::default();
+        let site = CallSite::once(attrs.clone());
+        run_with_epilogue(conv, &views, &site, &mut alloc, pool, Phase::Compute, steps).unwrap();
+        alloc
+            .outputs
+            .into_iter()
+            .map(|b| *b)
+            .collect::<Vec<OwnedTensor>>()
+    };
     let mut rng = XRng::new(41);
     let abs = |v: &[f64]| v.iter().map(|a| a.abs()).collect::<Vec<f64>>();
     // (c, h, o, k, stride, padding, groups)
@@ -721,13 +716,40 @@ fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
         );
         let a = attrs_of("conv2d", &attrs).unwrap();
         let ins = [Some(&x), Some(&w), Some(&b)];
-        assert_bitwise(&unfused, &fused(&ins, &a, &SerialPool), &what);
+        let steps = [Epilogue::Unary(relu)];
+        assert_bitwise(&unfused, &fused(&ins, &a, &steps, &SerialPool), &what);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
             .build()
             .unwrap();
-        let par = pool.install(|| fused(&ins, &a, &RayonPool));
+        let par = pool.install(|| fused(&ins, &a, &steps, &RayonPool));
         assert_bitwise(&unfused, &par, &format!("{what}, 3 threads"));
+        // + a residual, on either side, then relu
+        let rv = rounded(&rng.vec(vals(&plain[0]).len(), -1.0, 1.0), DType::F32);
+        let r = tensor(&rv, &plain[0].shape, DType::F32);
+        let r32: Vec<f32> = rv.iter().map(|&v| v as f32).collect();
+        for out_first in [true, false] {
+            let (p, q) = if out_first {
+                (&plain[0], &r)
+            } else {
+                (&r, &plain[0])
+            };
+            let want = run_ok("relu", &[&run_ok("add", &[p, q], &[])[0]], &[]);
+            let steps = [
+                Epilogue::Binary(add, &r32, out_first),
+                Epilogue::Unary(relu),
+            ];
+            let got = pool.install(|| fused(&ins, &a, &steps, &RayonPool));
+            assert_bitwise(
+                &want,
+                &got,
+                &format!("{what} + residual ({out_first}), relu"),
+            );
+            assert!(
+                vals(&got[0]) != vals(&par[0]),
+                "{what}: the residual changes the result"
+            );
+        }
         // against an independent reference: relu of the float64 convolution, group by group
         let (cg, og) = (c / g, o / g);
         let pos = plain[0].shape[2] * plain[0].shape[3];

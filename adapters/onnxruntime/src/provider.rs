@@ -28,8 +28,9 @@ use kernel_core::ffi::string_from_c;
 use kernel_core::onnx::flatten_2d_dims;
 use kernel_core::op::OutputAllocator;
 use kernel_core::{
-    call, ArgType, AttrValue, CallSite, CallSites, DType, Dim, EpilogueFn, Error, OnnxNode, OnnxOp,
-    OnnxPlan, OpDef, OwnedTensor, Phase, Registry, Result, TensorMut, TensorRef, TensorSpec,
+    call, ArgType, AttrValue, CallSite, CallSites, DType, Dim, Epilogue, EpilogueFn, Error,
+    OnnxNode, OnnxOp, OnnxPlan, OpDef, OwnedTensor, Phase, Registry, Result, TensorMut, TensorRef,
+    TensorSpec,
 };
 use ort_sys::{
     OrtApiBase, OrtEpDevice, OrtErrorCode, OrtGraph, OrtHardwareDevice, OrtHardwareDeviceType,
@@ -647,17 +648,16 @@ unsafe fn claim_nodes(
         }
         claimed.push(Claimed { node, claim, plan });
     }
-    let pairs = if fusion_enabled() {
+    let chains = if fusion_enabled() {
         // SAFETY: the claimed nodes are live nodes of `graph`.
-        unsafe { epilogue_pairs(fa, &claimed) }?
+        unsafe { epilogue_chains(fa, &claimed) }?
     } else {
         Vec::new()
     };
     let mut fused = vec![false; claimed.len()];
-    for &(p, c) in &pairs {
-        fused[p] = true;
-        fused[c] = true;
-        let nodes = [claimed[p].node, claimed[c].node];
+    for chain in &chains {
+        let nodes: Vec<*const OrtNode> = chain.iter().map(|&i| claimed[i].node).collect();
+        chain.iter().for_each(|&i| fused[i] = true);
         let options = OrtNodeFusionOptions {
             ort_version_supported: EP_API_VERSION,
             drop_constant_initializers: false,
@@ -672,12 +672,11 @@ unsafe fn claim_nodes(
             )))?
         };
         if verbose() {
-            eprintln!(
-                "polyop EP: {} claimed ({}) with the {} after it as its epilogue",
-                claimed[p].claim.map.op_type,
-                claimed[p].claim.op.name,
-                claimed[c].claim.map.op_type
-            );
+            let types: Vec<&str> = chain
+                .iter()
+                .map(|&i| claimed[i].claim.map.op_type)
+                .collect();
+            eprintln!("polyop EP: {} fused into one node", types.join(" + "));
         }
     }
     for (c, _) in claimed.iter().zip(&fused).filter(|(_, f)| !**f) {
@@ -712,6 +711,58 @@ unsafe fn node_outputs(fa: &Factory, node: *const OrtNode) -> Result<Vec<*const 
     }
 }
 
+/// The names of a node's outputs (`None` for an absent optional one).
+///
+/// # Safety
+/// `node` is live.
+unsafe fn node_output_names(fa: &Factory, node: *const OrtNode) -> Result<Vec<Option<String>>> {
+    // SAFETY: `node` is live (this function's contract).
+    let outs = unsafe { node_outputs(fa, node) }?;
+    // SAFETY: as above: live value infos of the node.
+    outs.iter()
+        .map(|&vi| unsafe { value_name(fa, vi) })
+        .collect()
+}
+
+/// A value's name (`None` for an absent one).
+///
+/// # Safety
+/// `vi` is null or a live value info.
+unsafe fn value_name(fa: &Factory, vi: *const OrtValueInfo) -> Result<Option<String>> {
+    if vi.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: a live value info; the name is owned by it.
+    let name = unsafe {
+        fa.api
+            .out(ptr::null(), |p| ptrs((fa.ext.GetValueInfoName)(vi, p)))?
+    };
+    // SAFETY: a NUL-terminated string owned by the value info.
+    Ok(unsafe { string_from_c(name) }.filter(|n| !n.is_empty()))
+}
+
+/// Input `i` of a compute call as float32 values (an error for another type).
+///
+/// # Safety
+/// `ctx` is the kernel context of the running compute call; the slice lives no longer.
+unsafe fn f32_input<'a>(api: Api, ctx: *mut OrtKernelContext, i: usize) -> Result<&'a [f32]> {
+    // SAFETY: `ctx` is live (this function's contract).
+    let v = unsafe { api.input(ctx, i) }?;
+    if v.is_null() {
+        return Err(Error::invalid(format!("input {i} is missing")));
+    }
+    // SAFETY: a live tensor value of this call.
+    let (et, shape) = unsafe { api.value_type_shape(v) }?;
+    if ONNX_DTYPES.dtype(et) != Some(DType::F32) {
+        return Err(Error::invalid(format!("input {i} is not float32")));
+    }
+    let n: usize = shape.iter().product();
+    // SAFETY: as above.
+    let data = unsafe { api.tensor_data(v) }?;
+    // SAFETY: onnxruntime's dense buffer of `n` float32 values, alive for the compute call.
+    Ok(unsafe { std::slice::from_raw_parts(data as *const f32, n) })
+}
+
 /// The names of a node's inputs (`None` for an absent optional one).
 ///
 /// # Safety
@@ -719,81 +770,95 @@ unsafe fn node_outputs(fa: &Factory, node: *const OrtNode) -> Result<Vec<*const 
 unsafe fn node_input_names(fa: &Factory, node: *const OrtNode) -> Result<Vec<Option<String>>> {
     // SAFETY: `node` is live (this function's contract).
     let view = unsafe { GraphNode::new(fa, node, 0) }?;
+    // SAFETY: as above: live value infos of the node (or null).
     view.inputs
         .iter()
-        .map(|&vi| {
-            if vi.is_null() {
-                return Ok(None);
-            }
-            // SAFETY: a live value info of the node; the name is owned by it.
-            let name = unsafe {
-                fa.api
-                    .out(ptr::null(), |p| ptrs((fa.ext.GetValueInfoName)(vi, p)))?
-            };
-            // SAFETY: a NUL-terminated string owned by the value info.
-            Ok(unsafe { string_from_c(name) }.filter(|n| !n.is_empty()))
-        })
+        .map(|&vi| unsafe { value_name(fa, vi) })
         .collect()
 }
 
-/// The pairs (producer, consumer) of claimed nodes to fuse: the producer's op applies
-/// epilogues ([`kernel_core::OpFlags::applies_epilogue`]) and its plan computes the node as it
-/// is (no run-time attributes, no reshaped or transposed tensors); its one output is float32,
-/// not a graph output, and read only by the consumer, whose op has an epilogue form
-/// ([`OpDef::epilogue`]) and which has no other input.
+/// The chains of claimed nodes to fuse, each a producer and the nodes after it that it runs
+/// as its epilogue ([`Epilogue`]). The producer's op applies epilogues
+/// ([`kernel_core::OpFlags::applies_epilogue`]); each next node is the only reader of the
+/// previous one's one output (float32, not a graph output), its op has an epilogue form
+/// ([`OpDef::epilogue`]), and it has no other input (unary) or one other float32 input of
+/// the same static shape (binary: a residual `Add`). Every node's plan computes it as it is
+/// (no run-time attributes, no reshaped or transposed tensors).
 ///
 /// # Safety
 /// The claimed nodes are live.
-unsafe fn epilogue_pairs(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<(usize, usize)>> {
+unsafe fn epilogue_chains(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<Vec<usize>>> {
     let (api, x) = (fa.api, fa.ext);
     let plain = |c: &Claimed| {
         c.plan.runtime_ints.is_empty()
             && c.plan.flatten_axis.is_none()
             && c.plan.transpose_output.is_none()
     };
-    let mut pairs = Vec::new();
+    // a float32 value's static dims
+    let static_f32 = |vi: *const OrtValueInfo| -> Option<Vec<usize>> {
+        // SAFETY: `vi` is a live value info (callers').
+        match unsafe { value_info_spec(api, x, vi) } {
+            Ok(s) if s.dtype == DType::F32 => s.shape?.iter().map(Dim::known).collect(),
+            _ => None,
+        }
+    };
+    let mut chains = Vec::new();
+    // (a node joins one chain only: the Add of a residual block whose shortcut is a
+    // convolution too reads two producers)
+    let mut used = vec![false; claimed.len()];
     for (pi, p) in claimed.iter().enumerate() {
-        if !p.claim.op.flags.applies_epilogue || !plain(p) {
+        if !p.claim.op.flags.applies_epilogue || !plain(p) || used[pi] {
             continue;
         }
-        // SAFETY: a live node.
-        let outs = unsafe { node_outputs(fa, p.node) }?;
-        let [out] = outs[..] else { continue };
-        if out.is_null() {
-            continue;
+        let mut chain = vec![pi];
+        loop {
+            let cur = &claimed[*chain.last().unwrap_or(&pi)];
+            // SAFETY: a live node.
+            let outs = unsafe { node_outputs(fa, cur.node) }?;
+            let [out] = outs[..] else { break };
+            let Some(dims) = (!out.is_null()).then(|| static_f32(out)).flatten() else {
+                break;
+            };
+            // SAFETY: `out` is a live value info; the consumer arrays have room for the one
+            // consumer counted.
+            let (consumer, index) = unsafe {
+                let graph_output = api.out(false, |b| ptrs((x.ValueInfo_IsGraphOutput)(out, b)))?;
+                let n = api.out(0usize, |n| ptrs((x.ValueInfo_GetValueNumConsumers)(out, n)))?;
+                if graph_output || n != 1 {
+                    break;
+                }
+                let mut node = ptr::null::<OrtNode>();
+                let mut index = -1i64;
+                api.check(ptrs((x.ValueInfo_GetValueConsumers)(
+                    out, &mut node, &mut index, 1,
+                )))?;
+                (node, index)
+            };
+            let Some(ci) = claimed.iter().position(|c| c.node == consumer) else {
+                break;
+            };
+            let c = &claimed[ci];
+            // SAFETY: a live node.
+            let inputs = unsafe { GraphNode::new(fa, c.node, 0) }?.inputs;
+            let fits = match (c.claim.op.epilogue, &inputs[..], index) {
+                (Some(EpilogueFn::Unary(_)), [_], 0) => true,
+                (Some(EpilogueFn::Binary(_)), [a, b], 0 | 1) => {
+                    let other = if index == 0 { *b } else { *a };
+                    !other.is_null() && other != out && static_f32(other).as_ref() == Some(&dims)
+                }
+                _ => false,
+            };
+            if !fits || !plain(c) || used[ci] || chain.contains(&ci) {
+                break;
+            }
+            chain.push(ci);
         }
-        // SAFETY: `out` is a live value info of the node; the consumer arrays have room for
-        // the one consumer counted.
-        let consumer = unsafe {
-            if !matches!(value_info_spec(api, x, out), Ok(s) if s.dtype == DType::F32) {
-                continue;
-            }
-            let graph_output = api.out(false, |b| ptrs((x.ValueInfo_IsGraphOutput)(out, b)))?;
-            let n = api.out(0usize, |n| ptrs((x.ValueInfo_GetValueNumConsumers)(out, n)))?;
-            if graph_output || n != 1 {
-                continue;
-            }
-            let mut node = ptr::null::<OrtNode>();
-            let mut index = -1i64;
-            api.check(ptrs((x.ValueInfo_GetValueConsumers)(
-                out, &mut node, &mut index, 1,
-            )))?;
-            if index != 0 {
-                continue;
-            }
-            node
-        };
-        let Some(ci) = claimed.iter().position(|c| c.node == consumer) else {
-            continue;
-        };
-        let c = &claimed[ci];
-        // SAFETY: a live node.
-        let c_inputs = unsafe { GraphNode::new(fa, c.node, 0) }?.inputs.len();
-        if c.claim.op.epilogue.is_some() && plain(c) && c_inputs == 1 {
-            pairs.push((pi, ci));
+        if chain.len() > 1 {
+            chain.iter().for_each(|&i| used[i] = true);
+            chains.push(chain);
         }
     }
-    Ok(pairs)
+    Ok(chains)
 }
 
 /// A tensor's element type and declared dims as the plan sees them.
@@ -1165,8 +1230,8 @@ unsafe extern "system" fn kernel_compute(
 
 // ---- fused nodes -----------------------------------------------------------------------
 
-/// A compiled pair from [`epilogue_pairs`]: the producer's op, its plan with inputs numbered as
-/// the fused node's, and the consumer's epilogue, run as one call
+/// A compiled chain from [`epilogue_chains`]: the producer's op, its plan with inputs numbered
+/// as the fused node's, and the ops after it as epilogue steps, run as one call
 /// ([`call::run_with_epilogue`]).
 #[repr(C)]
 struct FusedNode {
@@ -1174,7 +1239,14 @@ struct FusedNode {
     claim: &'static Claim,
     plan: OnnxPlan,
     site: CallSite,
-    epilogue: EpilogueFn,
+    steps: Vec<Step>,
+}
+
+/// One epilogue step of a [`FusedNode`]: a binary op's other operand is the fused node's input
+/// `.1`; `.2`: the chain's value is the op's first operand.
+enum Step {
+    Unary(fn(&mut [f32])),
+    Binary(fn(&mut [f32], &[f32], bool), usize, bool),
 }
 
 unsafe extern "system" fn compile(
@@ -1208,8 +1280,9 @@ unsafe extern "system" fn compile(
     }
 }
 
-/// The compute info of one fused pair: `graph` holds the two nodes `GetCapability` fused;
-/// `fused` is the node that replaces them, whose inputs are the producer's.
+/// The compute info of one fused chain: `graph` holds the nodes `GetCapability` fused; `fused`
+/// is the node that replaces them, whose inputs are the producer's and the binary steps' other
+/// operands.
 ///
 /// # Safety
 /// `graph` and `fused` are live for this call.
@@ -1218,39 +1291,70 @@ unsafe fn compile_one(
     graph: *const OrtGraph,
     fused: *const OrtNode,
 ) -> Result<Box<FusedNode>> {
-    let mut producer = None;
-    let mut epilogue = None;
-    // SAFETY: `graph` and its nodes are live for this call.
-    for node in unsafe { graph_nodes(fa, graph) }? {
+    let bad = |why: &str| Error::internal(format!("a fused node polyop cannot run: {why}"));
+    // SAFETY: `graph`, its nodes and `fused` are live for this call.
+    let (nodes, outer) = unsafe { (graph_nodes(fa, graph)?, node_input_names(fa, fused)?) };
+    let mut members = Vec::new();
+    for &node in &nodes {
         // SAFETY: as above.
-        let (claim, plan) = unsafe { claim_of(fa, node) }?
-            .ok_or_else(|| Error::internal("a fused node polyop does not claim"))?;
-        if claim.op.flags.applies_epilogue && producer.is_none() {
-            producer = Some((node, claim, plan));
-        } else {
-            epilogue = claim.op.epilogue;
-        }
+        let (claim, plan) =
+            unsafe { claim_of(fa, node) }?.ok_or_else(|| bad("a node polyop does not claim"))?;
+        // SAFETY: as above.
+        let (ins, outs) = unsafe { (node_input_names(fa, node)?, node_output_names(fa, node)?) };
+        members.push((claim, Some(plan), ins, outs));
     }
-    let (Some((node, claim, mut plan)), Some(epilogue)) = (producer, epilogue) else {
-        return Err(Error::internal(
-            "a fused group that is not an op and its epilogue",
-        ));
+    let pi = members
+        .iter()
+        .position(|m| m.0.op.flags.applies_epilogue)
+        .ok_or_else(|| bad("no producer"))?;
+    let outer_index = |name: &str| {
+        outer
+            .iter()
+            .position(|o| o.as_deref() == Some(name))
+            .ok_or_else(|| bad(&format!("`{name}` is not an input of the fused node")))
     };
     // the producer's input j is the fused node's input of the same name
-    // SAFETY: both nodes are live.
-    let (own, outer) = unsafe { (node_input_names(fa, node)?, node_input_names(fa, fused)?) };
+    let (claim, mut plan) = (
+        members[pi].0,
+        members[pi].1.take().ok_or_else(|| bad("plan"))?,
+    );
     for j in plan.inputs.iter_mut() {
-        *j = match j.and_then(|j| own.get(j).cloned().flatten()) {
+        *j = match j.and_then(|j| members[pi].2.get(j).cloned().flatten()) {
             None => None,
-            Some(name) => Some(
-                outer
-                    .iter()
-                    .position(|o| o.as_deref() == Some(name.as_str()))
-                    .ok_or_else(|| {
-                        Error::internal(format!("input `{name}` is not an input of the fused node"))
-                    })?,
-            ),
+            Some(name) => Some(outer_index(&name)?),
         };
+    }
+    // then each node reading the previous one's output, in order
+    let mut steps = Vec::new();
+    let mut value = members[pi]
+        .3
+        .first()
+        .cloned()
+        .flatten()
+        .ok_or_else(|| bad("no output"))?;
+    for _ in 1..members.len() {
+        let (m, index) = members
+            .iter()
+            .find_map(|m| {
+                let i =
+                    m.2.iter()
+                        .position(|n| n.as_deref() == Some(value.as_str()))?;
+                Some((m, i))
+            })
+            .ok_or_else(|| bad("a broken chain"))?;
+        steps.push(match (m.0.op.epilogue, index) {
+            (Some(EpilogueFn::Unary(f)), 0) => Step::Unary(f),
+            (Some(EpilogueFn::Binary(f)), 0 | 1) => {
+                let other = m.2[1 - index].as_deref().ok_or_else(|| bad("no operand"))?;
+                Step::Binary(f, outer_index(other)?, index == 0)
+            }
+            _ => return Err(bad("a node that is not an epilogue")),
+        });
+        value =
+            m.3.first()
+                .cloned()
+                .flatten()
+                .ok_or_else(|| bad("no output"))?;
     }
     let site = CallSite::new(plan.attrs.clone());
     Ok(Box::new(FusedNode {
@@ -1263,7 +1367,7 @@ unsafe fn compile_one(
         claim,
         plan,
         site,
-        epilogue,
+        steps,
     }))
 }
 
@@ -1317,15 +1421,17 @@ unsafe extern "system" fn fused_compute(
             scratch: Vec::new(),
         };
         let pool = OrtPool { api, ctx };
-        call::run_with_epilogue(
-            op,
-            &ins,
-            &f.site,
-            &mut outs,
-            &pool,
-            Phase::Compute,
-            Some(f.epilogue),
-        )
+        let mut steps = Vec::with_capacity(f.steps.len());
+        for s in &f.steps {
+            steps.push(match *s {
+                Step::Unary(g) => Epilogue::Unary(g),
+                Step::Binary(g, i, out_first) => {
+                    // SAFETY: `ctx` is live; the operand's data lives as long as the call.
+                    Epilogue::Binary(g, unsafe { f32_input(api, ctx, i) }?, out_first)
+                }
+            });
+        }
+        call::run_with_epilogue(op, &ins, &f.site, &mut outs, &pool, Phase::Compute, &steps)
     })
     .0
 }

@@ -265,13 +265,14 @@ pub fn run<'t>(
     pool: &'t dyn ThreadPool,
     phase: Phase,
 ) -> Result<()> {
-    run_with_epilogue(op, inputs, site, outputs, pool, phase, None)
+    run_with_epilogue(op, inputs, site, outputs, pool, phase, &[])
 }
 
-/// [`run`], then `epilogue` (an elementwise op's [`crate::EpilogueFn`]) on every output, in
-/// place: applied by the kernel block by block when the op [`applies_epilogue`]
-/// (`crate::OpFlags::applies_epilogue`), else over each whole output after it. The outputs
-/// must be f32 (an error before the kernel runs otherwise).
+/// [`run`], then the steps of `epilogue` (elementwise ops, [`crate::Epilogue`]) on the output,
+/// in place: applied by the kernel block by block when the op [`applies_epilogue`]
+/// (`crate::OpFlags::applies_epilogue`), else over the whole output after it. The op must have
+/// one f32 output of a static shape, and a binary step's operand its element count (an error
+/// before the kernel runs otherwise).
 ///
 /// [`applies_epilogue`]: crate::OpFlags::applies_epilogue
 pub fn run_with_epilogue<'t>(
@@ -281,19 +282,35 @@ pub fn run_with_epilogue<'t>(
     outputs: &mut dyn OutputAllocator<'t>,
     pool: &'t dyn ThreadPool,
     phase: Phase,
-    epilogue: Option<crate::EpilogueFn>,
+    epilogue: &[crate::Epilogue<'t>],
 ) -> Result<()> {
     // Kernels compute with FTZ / DAZ off whatever this thread's mode (SPEC.md §2); the
     // caller's mode is back when this drops, on return or unwinding (see `fpenv`).
     let _fp = crate::fpenv::KernelFpEnv::enter();
     crate::catch_panic(op, || {
         let specs = op.infer_concrete_cached(&site.infer, inputs, &site.attrs)?;
-        if epilogue.is_some()
-            && (op.flags.data_dependent_shape || specs.iter().any(|s| s.dtype != DType::F32))
-        {
-            return Err(Error::internal(
-                "an epilogue needs f32 outputs of a static shape",
-            ));
+        if !epilogue.is_empty() {
+            let elements = match &specs[..] {
+                [s] if s.dtype == DType::F32 && !op.flags.data_dependent_shape => {
+                    s.shape.as_ref().map(|d| d.iter().product::<usize>())
+                }
+                _ => None,
+            };
+            let Some(elements) = elements else {
+                return Err(Error::internal(
+                    "an epilogue needs one f32 output of a static shape",
+                ));
+            };
+            for e in epilogue {
+                if let crate::Epilogue::Binary(_, other, _) = e {
+                    if other.len() != elements {
+                        return Err(Error::invalid(format!(
+                            "an epilogue's operand has {} elements, the output {elements}",
+                            other.len()
+                        )));
+                    }
+                }
+            }
         }
         if op.flags.data_dependent_shape {
             if phase == Phase::ShapesOnly {
@@ -368,12 +385,12 @@ pub fn run_with_epilogue<'t>(
             v
         }
         let mut views: crate::Few<TensorMut> = views.into_iter().map(shorten).collect();
-        let mut ctx =
-            KernelCtx::new(op, inputs, &mut views, &site.attrs, pool).with_epilogue(epilogue);
+        let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool)
+            .with_epilogue((!epilogue.is_empty()).then_some(epilogue));
         (op.cpu)(&mut ctx)?;
-        if let Some(f) = ctx.take_epilogue() {
+        if ctx.take_epilogue().is_some() {
             for v in views.iter_mut() {
-                f(v.as_mut_slice::<f32>()?);
+                crate::Epilogue::apply_all(epilogue, v.as_mut_slice::<f32>()?, 0);
             }
         }
         Ok(())

@@ -130,18 +130,46 @@ pub struct KernelCtx<'a, 'b> {
     pub attrs: &'a Attrs,
     pub pool: &'a dyn ThreadPool,
     allocator: Option<&'b mut dyn OutputAllocator<'a>>,
-    /// An elementwise op to apply to the outputs (see [`EpilogueFn`]), until the kernel takes
-    /// it ([`KernelCtx::take_epilogue`]); the call path applies one left here afterwards.
-    epilogue: Option<EpilogueFn>,
+    /// Elementwise ops to apply to the output (see [`Epilogue`]), until the kernel takes them
+    /// ([`KernelCtx::take_epilogue`]); the call path applies those left here afterwards.
+    epilogue: Option<&'b [Epilogue<'a>]>,
 }
 
-/// An elementwise op's in-place f32 form (`relu`), declared by the op with
-/// [`OpBuilder::epilogue`]. A caller that runs an op and then this one on the op's only
-/// output may instead hand it to the op ([`crate::call::run_with_epilogue`]): an op that
-/// declares [`OpFlags::applies_epilogue`] applies it to each block of its f32 output as the
-/// block is finished, while it is in cache, instead of a second pass over memory. It must give
-/// the bits of the op's own kernel, so fusing never changes a result.
-pub type EpilogueFn = fn(&mut [f32]);
+/// An elementwise op's in-place f32 form, declared by the op with [`OpBuilder::epilogue`]:
+/// `relu` is `Unary`, `add` is `Binary` (`f(out, other, out_first)`: `out[i] = out[i] op
+/// other[i]` when `out_first`, else `other[i] op out[i]`). A caller that runs an op and then
+/// such ops on its only output may instead hand them to the op as an epilogue
+/// ([`crate::call::run_with_epilogue`]): an op that declares [`OpFlags::applies_epilogue`]
+/// applies them to each block of its f32 output as the block is finished, while it is in
+/// cache, instead of more passes over memory. Each must give the bits of the op's own kernel,
+/// so fusing never changes a result.
+#[derive(Clone, Copy, Debug)]
+pub enum EpilogueFn {
+    Unary(fn(&mut [f32])),
+    Binary(fn(&mut [f32], &[f32], bool)),
+}
+
+/// One step of an epilogue: an op's [`EpilogueFn`], with a binary op's other operand (the
+/// output's shape, contiguous f32) and whether the output is the op's first operand.
+#[derive(Clone, Copy, Debug)]
+pub enum Epilogue<'t> {
+    Unary(fn(&mut [f32])),
+    Binary(fn(&mut [f32], &[f32], bool), &'t [f32], bool),
+}
+
+impl Epilogue<'_> {
+    /// Apply the steps in order to `out`, the output's values from flat index `at` on.
+    pub fn apply_all(steps: &[Epilogue], out: &mut [f32], at: usize) {
+        for s in steps {
+            match *s {
+                Epilogue::Unary(f) => f(out),
+                Epilogue::Binary(f, other, out_first) => {
+                    f(out, &other[at..at + out.len()], out_first)
+                }
+            }
+        }
+    }
+}
 
 /// How a data-dependent op gets its outputs once it knows their shapes.
 pub trait OutputAllocator<'a> {
@@ -172,14 +200,15 @@ impl<'a, 'b> KernelCtx<'a, 'b> {
             epilogue: None,
         }
     }
-    /// Ask the kernel to apply `epilogue` to its outputs (see [`EpilogueFn`]).
-    pub fn with_epilogue(mut self, epilogue: Option<EpilogueFn>) -> Self {
+    /// Ask the kernel to apply `epilogue` to its output (see [`Epilogue`]).
+    pub fn with_epilogue(mut self, epilogue: Option<&'b [Epilogue<'a>]>) -> Self {
         self.epilogue = epilogue;
         self
     }
-    /// The epilogue to apply, for a kernel that applies it itself as it writes its f32 output;
-    /// one not taken is applied by the call path over the whole output after the kernel.
-    pub fn take_epilogue(&mut self) -> Option<EpilogueFn> {
+    /// The epilogue to apply, for a kernel that applies it itself as it writes its f32 output
+    /// ([`Epilogue::apply_all`]); one not taken is applied by the call path over the whole
+    /// output after the kernel.
+    pub fn take_epilogue(&mut self) -> Option<&'b [Epilogue<'a>]> {
         self.epilogue.take()
     }
     /// For data-dependent ops: outputs come from `allocator`.
@@ -281,7 +310,7 @@ pub struct OpDef {
     /// The standard ONNX ops it implements exactly ([`crate::onnx`]), for execution providers.
     pub onnx: Vec<crate::onnx::OnnxOp>,
     /// Its in-place f32 form, for fusing into the op that produces its input ([`EpilogueFn`]);
-    /// only for an op with one tensor input and no attributes.
+    /// only for an op with one (`Unary`) or two (`Binary`) tensor inputs and no attributes.
     pub epilogue: Option<EpilogueFn>,
 }
 
@@ -726,8 +755,8 @@ impl OpBuilder {
         self.flags.data_dependent_shape = true;
         self
     }
-    /// The op's in-place f32 form ([`EpilogueFn`]): only for an op with one tensor input and
-    /// no attributes (checked by `build`).
+    /// The op's in-place f32 form ([`EpilogueFn`]): only for an op with one (`Unary`) or two
+    /// (`Binary`) tensor inputs and no attributes (checked by `build`).
     pub fn epilogue(mut self, f: EpilogueFn) -> Self {
         self.epilogue = Some(f);
         self
@@ -798,13 +827,19 @@ impl OpBuilder {
                 .in_op(leaked));
             }
         }
-        if self.epilogue.is_some()
-            && (schema.tensor_args().count() != 1
+        let operands = match self.epilogue {
+            Some(EpilogueFn::Unary(_)) => Some(1),
+            Some(EpilogueFn::Binary(_)) => Some(2),
+            None => None,
+        };
+        if operands.is_some_and(|n| {
+            schema.tensor_args().count() != n
                 || schema.attr_args().count() != 0
-                || schema.returns.len() != 1)
-        {
+                || schema.returns.len() != 1
+        }) {
             return Err(Error::invalid(
-                "an epilogue needs one tensor input, one output and no attributes",
+                "an epilogue needs one tensor input (two for a binary one), one output and no \
+                 attributes",
             )
             .in_op(leaked));
         }
