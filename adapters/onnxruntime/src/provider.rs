@@ -795,10 +795,13 @@ unsafe fn epilogue_chains(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<Vec<u
             && c.plan.transpose_output.is_none()
     };
     // a float32 value's static dims
-    let static_f32 = |vi: *const OrtValueInfo| -> Option<Vec<usize>> {
+    // a float32 value: its dims when they are all static
+    let f32_dims = |vi: *const OrtValueInfo| -> Option<Option<Vec<usize>>> {
         // SAFETY: `vi` is a live value info (callers').
         match unsafe { value_info_spec(api, x, vi) } {
-            Ok(s) if s.dtype == DType::F32 => s.shape?.iter().map(Dim::known).collect(),
+            Ok(s) if s.dtype == DType::F32 => {
+                Some(s.shape.and_then(|d| d.iter().map(Dim::known).collect()))
+            }
             _ => None,
         }
     };
@@ -816,7 +819,7 @@ unsafe fn epilogue_chains(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<Vec<u
             // SAFETY: a live node.
             let outs = unsafe { node_outputs(fa, cur.node) }?;
             let [out] = outs[..] else { break };
-            let Some(dims) = (!out.is_null()).then(|| static_f32(out)).flatten() else {
+            let Some(dims) = (!out.is_null()).then(|| f32_dims(out)).flatten() else {
                 break;
             };
             // SAFETY: `out` is a live value info; the consumer arrays have room for the one
@@ -844,7 +847,11 @@ unsafe fn epilogue_chains(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<Vec<u
                 (Some(EpilogueFn::Unary(_)), [_], 0) => true,
                 (Some(EpilogueFn::Binary(_)), [a, b], 0 | 1) => {
                     let other = if index == 0 { *b } else { *a };
-                    !other.is_null() && other != out && static_f32(other).as_ref() == Some(&dims)
+                    // (same static shape: no broadcasting)
+                    !other.is_null()
+                        && other != out
+                        && dims.is_some()
+                        && f32_dims(other) == Some(dims.clone())
                 }
                 _ => false,
             };
