@@ -154,8 +154,9 @@ def _profile(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[dict
         a = e.get("args", {})
         name = e["name"].removesuffix("_kernel_time")
         where[name] = a.get("provider")
-        # a node polyop fused (Conv + the Relu after it) is named after the provider
-        op = "Conv+Relu (fused)" if name.startswith(EP) and a.get("provider") == EP else a.get("op_name", "?")
+        # a node polyop fused (a Conv with the Relu, or Add + Relu, after it) is named after the
+        # provider
+        op = "Conv chain (fused)" if name.startswith(EP) and a.get("provider") == EP else a.get("op_name", "?")
         for i, (t0, t1) in enumerate(spans):
             if t0 <= e["ts"] <= t1:
                 per_run[i][op] += e["dur"]

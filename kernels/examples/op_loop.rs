@@ -71,8 +71,11 @@ fn main() {
         "res3x3" => conv([256, 14, 14], [256, 256, 3, 3], 1, 1, 1),
         "res1x1" => conv([64, 56, 56], [256, 64, 1, 1], 1, 0, 1),
         // any other layer of one image: conv:C,H,O,K,STRIDE,PAD,GROUPS (square input and kernel)
-        spec if spec.starts_with("conv:") => {
-            let v: Vec<usize> = spec[5..].split(',').map(|t| t.parse().unwrap()).collect();
+        // (conv_relu:...: the same with relu as its epilogue, as ONNX Runtime's provider runs a
+        // fused Conv + Relu)
+        spec if spec.starts_with("conv:") || spec.starts_with("conv_relu:") => {
+            let spec = &spec[spec.find(':').unwrap() + 1..];
+            let v: Vec<usize> = spec.split(',').map(|t| t.parse().unwrap()).collect();
             let [c, h, o, k, s, p, g] = v[..] else {
                 panic!("conv:C,H,O,K,STRIDE,PAD,GROUPS")
             };
@@ -98,10 +101,19 @@ fn main() {
         .map(|s| OwnedTensor::zeros(s.dtype, &s.concrete().unwrap()))
         .collect();
     let pool = &kernel_core::SerialPool;
+    let relu = match polyop_kernels::registry().lookup("relu").unwrap().epilogue {
+        Some(kernel_core::EpilogueFn::Unary(f)) => [kernel_core::Epilogue::Unary(f)],
+        _ => panic!("relu has a unary epilogue form"),
+    };
+    let epilogue = name.starts_with("conv_relu:").then_some(&relu[..]);
     let mut run = || {
         let mut outs: Vec<TensorMut> = outputs.iter_mut().map(|o| o.view_mut()).collect();
-        let mut ctx = KernelCtx::new(op, &views, &mut outs, &attrs, pool);
+        let mut ctx = KernelCtx::new(op, &views, &mut outs, &attrs, pool).with_epilogue(epilogue);
         op.compute(&mut ctx).unwrap();
+        // (an epilogue the kernel left, as the call path would apply it)
+        if ctx.take_epilogue().is_some() {
+            kernel_core::Epilogue::apply_all(&relu, outs[0].as_mut_slice::<f32>().unwrap(), 0);
+        }
     };
     if a.get(4).map(String::as_str) == Some("time") {
         // The fastest of 7 batches of `reps` calls: elements per second, one thread.

@@ -1568,6 +1568,7 @@ fn gemm_tiles_f32(
                     g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
                     (&col[..], ld)
                 };
+                let mut applied = 0;
                 for l0 in (0..ckk).step_by(kc) {
                     let k = kc.min(ckk - l0);
                     for j0 in (0..width).step_by(NR) {
@@ -1620,17 +1621,38 @@ fn gemm_tiles_f32(
                                 )
                             };
                         }
+                        // in the last pass, the epilogue on each run of finished positions
+                        if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
+                            let done = j0 + n;
+                            if done - applied >= EPILOGUE_RUN || done == width {
+                                // SAFETY: this task's finished outputs (its panels' channels
+                                // of image img, positions p0 + applied..p0 + done <= p1 <=
+                                // pos), which only it touches.
+                                unsafe {
+                                    epilogue_block(
+                                        steps,
+                                        g,
+                                        op,
+                                        img,
+                                        grp,
+                                        panel_range.clone(),
+                                        p0 + applied,
+                                        done - applied,
+                                    )
+                                };
+                                applied = done;
+                            }
+                        }
                     }
-                }
-                if let Some(f) = epi {
-                    // SAFETY: this task's finished outputs (its panels' channels of image img,
-                    // positions p0..p1 < pos), which only it touches.
-                    unsafe { epilogue_block(f, g, op, img, grp, panel_range.clone(), p0, width) };
                 }
             }
         }
     });
 }
+
+/// Output positions per application of an epilogue (their values for a task's output channels
+/// stay in L2 from the pass that wrote them to the epilogue).
+const EPILOGUE_RUN: usize = 256;
 
 /// Apply a caller's epilogue (fused elementwise ops, [`Epilogue`]) to a task's finished
 /// outputs while they are in cache: the channels of output-channel panels `panels` of group
@@ -1748,6 +1770,7 @@ fn shifted3x3_f32(
                         }
                     }
                 }
+                let mut applied = 0;
                 for c0 in (0..cg).step_by(nc) {
                     let ncc = nc.min(cg - c0);
                     // the block's runs, taken two at a time
@@ -1799,23 +1822,31 @@ fn shifted3x3_f32(
                                 )
                             };
                         }
+                        // in the last pass, the epilogue on each run of finished rows
+                        if let Some(steps) = epi.filter(|_| c0 + ncc == cg) {
+                            let rows = (s0 + 2).min(segs) / spr;
+                            if rows > applied
+                                && ((rows - applied) * g.ow >= EPILOGUE_RUN || rows == oh1 - oh0)
+                            {
+                                // SAFETY: this task's finished outputs (its panels' channels
+                                // of image img, output rows oh0 + applied..oh0 + rows <= oh1),
+                                // which only it touches.
+                                unsafe {
+                                    epilogue_block(
+                                        steps,
+                                        g,
+                                        op,
+                                        img,
+                                        grp,
+                                        panel_range.clone(),
+                                        (oh0 + applied) * g.ow,
+                                        (rows - applied) * g.ow,
+                                    )
+                                };
+                                applied = rows;
+                            }
+                        }
                     }
-                }
-                if let Some(f) = epi {
-                    // SAFETY: this task's finished outputs (its panels' channels of image img,
-                    // output rows oh0..oh1 <= oh), which only it touches.
-                    unsafe {
-                        epilogue_block(
-                            f,
-                            g,
-                            op,
-                            img,
-                            grp,
-                            panel_range.clone(),
-                            oh0 * g.ow,
-                            (oh1 - oh0) * g.ow,
-                        )
-                    };
                 }
             }
         }

@@ -695,6 +695,9 @@ fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
         (6, 11, 10, 3, 2, 1, 1),
         (8, 6, 12, 3, 1, 1, 2),
         (8, 8, 8, 3, 1, 1, 8),
+        // more than one run of finished positions per block (`EPILOGUE_RUN`)
+        (4, 20, 8, 3, 1, 1, 1),
+        (4, 20, 8, 1, 1, 0, 1),
     ] {
         let what = format!("c{c} h{h} o{o} k{k} s{s} p{p} g{g}");
         let xv = rounded(&rng.vec(2 * c * h * h, -1.0, 1.0), DType::F32);
