@@ -155,8 +155,10 @@ def _profile(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[dict
         name = e["name"].removesuffix("_kernel_time")
         where[name] = a.get("provider")
         # a node polyop fused (a Conv with the Relu, or Add + Relu, after it) is named after the
-        # provider
-        op = "Conv chain (fused)" if name.startswith(EP) and a.get("provider") == EP else a.get("op_name", "?")
+        # provider; ONNX Runtime's own fused convolution is FusedConv: both count as Conv
+        op = a.get("op_name", "?")
+        if (name.startswith(EP) and a.get("provider") == EP) or op == "FusedConv":
+            op = "Conv"
         for i, (t0, t1) in enumerate(spans):
             if t0 <= e["ts"] <= t1:
                 per_run[i][op] += e["dur"]
@@ -232,7 +234,9 @@ def markdown(results: list[dict]) -> str:
         lines.append(f"| {r['model']} | {r['claimed']} / {r['claimable']} | {r['without_ms']:.2f} ms | "
                      f"{r['with_ms']:.2f} ms | {r['without_ms'] / r['with_ms']:.2f} | {r['max_rel_err']:.1e} |")
     lines += ["", "Time per op type (ONNX Runtime's profile, kernel time per run, summed over nodes; "
-              "op types polyop claims in bold):", "",
+              "op types polyop claims in bold; `Conv` includes the `Relu` and `Add`/`Sum` nodes each "
+              "provider fused into its convolutions: ONNX Runtime's `FusedConv`, polyop's fused "
+              "chains):", "",
               "| model | op type | without polyop | with polyop | speed-up |", "|---|---|---|---|---|"]
     for r in results:
         claim_types = set(r["claim_types"])
@@ -240,9 +244,58 @@ def markdown(results: list[dict]) -> str:
                        key=lambda t: -max(r["split_cpu"].get(t, 0), r["split_ep"].get(t, 0)))
         for t in types:
             a, b = r["split_cpu"].get(t, 0.0), r["split_ep"].get(t, 0.0)
-            name = f"**{t}**" if t in claim_types or t.endswith("(fused)") else t
+            name = f"**{t}**" if t in claim_types else t
             ratio = f"{a / b:.2f}" if a and b else "—"
             lines.append(f"| {r['model']} | {name} | {a / 1e3:.3f} ms | {b / 1e3:.3f} ms | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def fusion_ab(names: list[str], samples: int, min_time: float = 0.3) -> list[dict]:
+    """Each model through two provider sessions in one process, one with the provider's fused
+    chains (a Conv with the Relu, or Add/Sum + Relu, after it as one node) and one made under
+    POLYOP_ORT_EP_FUSE=0, runs alternating; the median time of each."""
+    ort.set_default_logger_severity(3)
+    out = []
+    for name in names:
+        model, feeds = light_model(name)
+        raw = model.SerializeToString()
+        old = os.environ.get("POLYOP_ORT_EP_FUSE")
+        try:
+            os.environ["POLYOP_ORT_EP_FUSE"] = "1"
+            fused = _session(raw, True)
+            os.environ["POLYOP_ORT_EP_FUSE"] = "0"
+            plain = _session(raw, True)
+        finally:
+            if old is None:
+                os.environ.pop("POLYOP_ORT_EP_FUSE", None)
+            else:
+                os.environ["POLYOP_ORT_EP_FUSE"] = old
+        for s in (fused, plain):
+            s.run(None, feeds)
+        t0 = time.perf_counter()
+        plain.run(None, feeds)
+        reps = max(1, int(min_time / max(time.perf_counter() - t0, 1e-6)))
+        times = {"fused": [], "unfused": []}
+        for _ in range(samples):
+            for k, s in (("fused", fused), ("unfused", plain)):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    s.run(None, feeds)
+                times[k].append((time.perf_counter() - t0) / reps)
+        out.append({"model": name, **{k: 1e3 * statistics.median(v) for k, v in times.items()}})
+        print(f"  ep_models --fusion: {name} done", file=sys.stderr, flush=True)
+    return out
+
+
+def fusion_markdown(results: list[dict]) -> str:
+    lines = [
+        "Fused chains against none (`POLYOP_ORT_EP_FUSE=0`), both through polyop's provider in one "
+        "process, runs alternating (median). Re-run: `.venv/bin/python bench/ep_models.py --fusion`.",
+        "", "| model | unfused | fused | unfused / fused |", "|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['model']} | {r['unfused']:.2f} ms | {r['fused']:.2f} ms | "
+                     f"{r['unfused'] / r['fused']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -251,7 +304,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--json", help="also save the raw results here")
+    ap.add_argument("--fusion", action="store_true",
+                    help="instead: the provider with its fused Conv chains against POLYOP_ORT_EP_FUSE=0")
     a = ap.parse_args()
+    if a.fusion:
+        print(fusion_markdown(fusion_ab(QUICK_MODELS if a.quick else MODELS, 9 if a.quick else 21)))
+        return
     res = run_all(a.quick, a.smoke)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
