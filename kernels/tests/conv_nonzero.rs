@@ -784,3 +784,49 @@ fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
         assert_close_scaled(&vals(&par[0]), &want, Some(&scale), DType::F32, &label);
     }
 }
+
+/// An epilogue operand that shares memory with the output is refused before the kernel runs
+/// (the kernel would read through a shared view of memory it writes), the output untouched.
+#[test]
+fn an_epilogue_operand_overlapping_the_output_is_refused() {
+    use kernel_core::call::{run_with_epilogue, CallSite, Phase};
+    use kernel_core::{Epilogue, EpilogueFn, OutputAllocator, TensorMut};
+    struct IntoBuf(*mut f32, usize);
+    impl<'a> OutputAllocator<'a> for IntoBuf {
+        fn allocate(
+            &mut self,
+            _: usize,
+            dtype: DType,
+            shape: &[usize],
+        ) -> kernel_core::Result<TensorMut<'a>> {
+            assert_eq!(shape.iter().product::<usize>(), self.1);
+            // SAFETY: a live buffer of `self.1` f32 values (the test's), used only in this call.
+            Ok(unsafe { TensorMut::from_raw_contiguous(dtype, shape, self.0 as *mut u8) })
+        }
+    }
+    let reg = polyop_kernels::registry();
+    let Some(EpilogueFn::Binary(add)) = reg.lookup("add").unwrap().epilogue else {
+        panic!("add is a binary epilogue")
+    };
+    let conv = reg.lookup("conv2d").unwrap();
+    let x = tensor(&[1.0; 16], &[1, 1, 4, 4], DType::F32);
+    let w = tensor(&[1.0; 9], &[1, 1, 3, 3], DType::F32);
+    let mut buf = vec![7f32; 4];
+    let ptr = buf.as_mut_ptr();
+    // SAFETY: a view of `buf` that is only read if the call went ahead (it must not).
+    let other: &[f32] = unsafe { std::slice::from_raw_parts(ptr, 4) };
+    let site = CallSite::once(attrs_of("conv2d", &[]).unwrap());
+    let ins = [Some(x.view()), Some(w.view()), None];
+    let err = run_with_epilogue(
+        conv,
+        &ins,
+        &site,
+        &mut IntoBuf(ptr, 4),
+        &SerialPool,
+        Phase::Compute,
+        &[Epilogue::Binary(add, other, true)],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("overlaps the output"), "{err}");
+    assert_eq!(buf, vec![7f32; 4]);
+}

@@ -385,6 +385,20 @@ pub fn run_with_epilogue<'t>(
             v
         }
         let mut views: crate::Few<TensorMut> = views.into_iter().map(shorten).collect();
+        // An epilogue operand that shared memory with the output would be read through a
+        // shared view of memory the kernel writes: refused (no caller makes one).
+        for e in epilogue {
+            if let crate::Epilogue::Binary(_, other, _) = e {
+                let lo = other.as_ptr() as usize;
+                let hi = lo + std::mem::size_of_val(*other);
+                if views.iter().any(|o| {
+                    let (a, b) = byte_range(o.ptr(), o.dtype, &o.shape, &o.strides);
+                    lo < b && a < hi
+                }) {
+                    return Err(Error::internal("an epilogue's operand overlaps the output"));
+                }
+            }
+        }
         let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool)
             .with_epilogue((!epilogue.is_empty()).then_some(epilogue));
         (op.cpu)(&mut ctx)?;
