@@ -1623,25 +1623,13 @@ fn gemm_tiles_f32(
                         }
                         // in the last pass, the epilogue on each run of finished positions
                         if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
-                            let done = j0 + n;
-                            if done - applied >= EPILOGUE_RUN || done == width {
-                                // SAFETY: this task's finished outputs (its panels' channels
-                                // of image img, positions p0 + applied..p0 + done <= p1 <=
-                                // pos), which only it touches.
-                                unsafe {
-                                    epilogue_block(
-                                        steps,
-                                        g,
-                                        op,
-                                        img,
-                                        grp,
-                                        panel_range.clone(),
-                                        p0 + applied,
-                                        done - applied,
-                                    )
-                                };
-                                applied = done;
-                            }
+                            let at = (img, grp, panel_range.clone());
+                            // SAFETY: this task's outputs (its panels' channels of image img,
+                            // positions p0..p1 <= pos, the first j0 + n finished), which only
+                            // it touches.
+                            unsafe {
+                                epilogue_runs(steps, g, op, at, p0, width, j0 + n, &mut applied)
+                            };
                         }
                     }
                 }
@@ -1654,34 +1642,41 @@ fn gemm_tiles_f32(
 /// stay in L2 from the pass that wrote them to the epilogue).
 const EPILOGUE_RUN: usize = 256;
 
-/// Apply a caller's epilogue (fused elementwise ops, [`Epilogue`]) to a task's finished
-/// outputs while they are in cache: the channels of output-channel panels `panels` of group
-/// `grp`, image `img`, `len` positions from `p0`.
+/// Apply a caller's epilogue (fused elementwise ops, [`Epilogue`]) to a task's outputs as they
+/// are finished, while they are in cache. The outputs: the channels of output-channel panels
+/// `panels` of group `grp`, image `img` (`at`), positions `p0..p0 + len`, of which the first
+/// `done` are finished and the first `*applied` already had the epilogue. It is applied to the
+/// finished rest once that makes a run of [`EPILOGUE_RUN`] positions, or reaches the end.
 ///
 /// # Safety
-/// Those outputs lie inside `op`'s `n * o * positions` output, are written, and no other
-/// thread touches them during the call.
+/// Those outputs lie inside `op`'s `n * o * positions` output, and no other thread touches them
+/// during the call; `*applied <= done <= len`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn epilogue_block(
+unsafe fn epilogue_runs(
     steps: &[Epilogue],
     g: &Geom,
     op: &OutPtr<f32>,
-    img: usize,
-    grp: usize,
-    panels: std::ops::Range<usize>,
+    (img, grp, panels): (usize, usize, std::ops::Range<usize>),
     p0: usize,
     len: usize,
+    done: usize,
+    applied: &mut usize,
 ) {
+    if done == *applied || (done - *applied < EPILOGUE_RUN && done < len) {
+        return;
+    }
     let (og, pos) = (g.og(), g.positions());
     for pi in panels {
         for oc in grp * og + pi * MR..grp * og + (pi * MR + MR).min(og) {
-            let at = (img * g.o + oc) * pos + p0;
-            // SAFETY: channel oc < o (a panel of group grp), positions p0..p0 + len of image
-            // img: inside the output and this caller's alone (this function's contract).
-            let out = unsafe { std::slice::from_raw_parts_mut(op.ptr().add(at), len) };
+            let at = (img * g.o + oc) * pos + p0 + *applied;
+            // SAFETY: channel oc < o (a panel of group grp), finished positions p0 + applied..
+            // p0 + done of image img: inside the output and this caller's alone (this
+            // function's contract).
+            let out = unsafe { std::slice::from_raw_parts_mut(op.ptr().add(at), done - *applied) };
             Epilogue::apply_all(steps, out, at);
         }
     }
+    *applied = done;
 }
 
 /// Floats of a [`shifted3x3_f32`] task's padded input slab (256 KiB, inside a core's L2).
@@ -1824,27 +1819,14 @@ fn shifted3x3_f32(
                         }
                         // in the last pass, the epilogue on each run of finished rows
                         if let Some(steps) = epi.filter(|_| c0 + ncc == cg) {
-                            let rows = (s0 + 2).min(segs) / spr;
-                            if rows > applied
-                                && ((rows - applied) * g.ow >= EPILOGUE_RUN || rows == oh1 - oh0)
-                            {
-                                // SAFETY: this task's finished outputs (its panels' channels
-                                // of image img, output rows oh0 + applied..oh0 + rows <= oh1),
-                                // which only it touches.
-                                unsafe {
-                                    epilogue_block(
-                                        steps,
-                                        g,
-                                        op,
-                                        img,
-                                        grp,
-                                        panel_range.clone(),
-                                        (oh0 + applied) * g.ow,
-                                        (rows - applied) * g.ow,
-                                    )
-                                };
-                                applied = rows;
-                            }
+                            let (at, len) = ((img, grp, panel_range.clone()), (oh1 - oh0) * g.ow);
+                            let done = (s0 + 2).min(segs) / spr * g.ow;
+                            // SAFETY: this task's outputs (its panels' channels of image img,
+                            // output rows oh0..oh1 <= oh, their first `done` positions
+                            // finished: whole rows), which only it touches.
+                            unsafe {
+                                epilogue_runs(steps, g, op, at, oh0 * g.ow, len, done, &mut applied)
+                            };
                         }
                     }
                 }

@@ -794,7 +794,6 @@ unsafe fn epilogue_chains(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<Vec<u
             && c.plan.flatten_axis.is_none()
             && c.plan.transpose_output.is_none()
     };
-    // a float32 value's static dims
     // a float32 value: its dims when they are all static
     let f32_dims = |vi: *const OrtValueInfo| -> Option<Option<Vec<usize>>> {
         // SAFETY: `vi` is a live value info (callers').
@@ -815,7 +814,7 @@ unsafe fn epilogue_chains(fa: &Factory, claimed: &[Claimed]) -> Result<Vec<Vec<u
         }
         let mut chain = vec![pi];
         loop {
-            let cur = &claimed[*chain.last().unwrap_or(&pi)];
+            let cur = &claimed[chain[chain.len() - 1]];
             // SAFETY: a live node.
             let outs = unsafe { node_outputs(fa, cur.node) }?;
             let [out] = outs[..] else { break };
