@@ -12,6 +12,8 @@
 //! summing the batch in order; input gradient: batch x input channel), every `gemm` call with
 //! `Parallelism::None`, so results do not depend on the thread count.
 
+mod cv;
+
 use crate::common::{
     copy_short, every_other, in_ptr, simd_level, with_float, with_simd, Num, OutPtr, Real, Scalar,
     SimdLevel,
@@ -1109,6 +1111,8 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     };
     if depthwise {
         depthwise_f32(&g, xc, wc, &bc, &op, pool);
+    } else if cv::cv3x3_applies(&g) {
+        cv::cv3x3_f32(&g, xc, wc, &bc, &op, pool, epi);
     } else if shifted3x3_applies(&g) {
         shifted3x3_f32(&g, xc, wc, &bc, &op, pool, epi);
     } else {

@@ -1,0 +1,345 @@
+//! conv2d f32, 3x3 stride 1, vectorized along output channels: each tile is 16 output
+//! channels (two AVX2 vectors of a packed weight panel) at 6 output positions (input values
+//! broadcast from the zero-padded slab of [`super::shifted3x3_f32`]), 12 accumulators. The
+//! six positions are any six: each has its own slab pointer, so a tile runs on across the end
+//! of an output row and every lane computes an output (the position-vectorized tiles fill
+//! only 13 of 16 lanes on rows of 13, 27 of 32 on rows of 27). Partial sums live in a
+//! channel-minor scratch `[position][16]` for a task's block and panel; they are written to
+//! the NCHW output once, after the last channel pass. Each output is the same chain of fused
+//! multiply-adds as in every other f32 path (bias, then kernel rows `(c, ki, kj)` in order), so
+//! the bits do not change.
+
+use super::{shifted3x3_applies, split_work, Geom, OutPtr, SHIFTED_CHANNELS, SLAB_FLOATS};
+use kernel_core::{parallel_for, Epilogue};
+
+/// Output channels per panel (two AVX2 vectors).
+const CV: usize = 16;
+/// Output positions per tile.
+const CP: usize = 6;
+
+/// Whether [`cv3x3_f32`] computes this layer (for now: `POLYOP_CONV_CV=1`, while it is
+/// measured against the shifted path).
+pub(super) fn cv3x3_applies(g: &Geom) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    shifted3x3_applies(g)
+        && *ON.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "1"))
+}
+
+/// `out[k] = column k of the 8 x 8 matrix whose rows are `rows`.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn transpose8(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
+    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+    let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    [
+        _mm256_permute2f128_ps::<0x20>(u0, u4),
+        _mm256_permute2f128_ps::<0x20>(u1, u5),
+        _mm256_permute2f128_ps::<0x20>(u2, u6),
+        _mm256_permute2f128_ps::<0x20>(u3, u7),
+        _mm256_permute2f128_ps::<0x31>(u0, u4),
+        _mm256_permute2f128_ps::<0x31>(u1, u5),
+        _mm256_permute2f128_ps::<0x31>(u2, u6),
+        _mm256_permute2f128_ps::<0x31>(u3, u7),
+    ]
+}
+
+/// The weights of output channels `oc0..oc0 + ocn` (`ocn <= CV`), input channels `c0..c0 +
+/// ncc` of their group, as one panel `[c][ki * 3 + kj][CV]` in `dst` (channels past `ocn`
+/// zero): the layout [`tile`] reads.
+///
+/// # Safety
+/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `9 * ncc * CV`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pack_panel(g: &Geom, wc: &[f32], oc0: usize, ocn: usize, c0: usize, ncc: usize, dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let (ckk, len) = (g.ckk(), ncc * 9);
+    let dst = &mut dst[..len * CV];
+    let src = |i: usize| &wc[(oc0 + i) * ckk + c0 * 9..][..len];
+    let whole = len / 8 * 8;
+    for half in 0..2 {
+        let i0 = half * 8;
+        for l0 in (0..whole).step_by(8) {
+            let rows = std::array::from_fn(|r| {
+                if i0 + r < ocn {
+                    // SAFETY: 8 floats from l0 + 8 <= len of the row's `len`.
+                    unsafe { _mm256_loadu_ps(src(i0 + r)[l0..].as_ptr()) }
+                } else {
+                    _mm256_setzero_ps()
+                }
+            });
+            for (k, v) in transpose8(rows).into_iter().enumerate() {
+                // SAFETY: dst[(l0 + k) * CV + i0..][..8], inside (l0 + k < len).
+                unsafe { _mm256_storeu_ps(dst[(l0 + k) * CV + i0..][..8].as_mut_ptr(), v) };
+            }
+        }
+    }
+    for l in whole..len {
+        for i in 0..CV {
+            dst[l * CV + i] = if i < ocn { src(i)[l] } else { 0.0 };
+        }
+    }
+}
+
+/// Positions `0..npos` of the channel-minor `scratch` (`[position][CV]`), channels `i <
+/// ocn`, to `out + i * ld` (row `i`: `npos` floats).
+///
+/// # Safety
+/// The CPU supports AVX2; `scratch` holds `npos` rounded up to 8 rows; rows `i < ocn` of
+/// `out` are valid for `npos` writes that no other thread touches.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn unpack_out(scratch: &[f32], npos: usize, ocn: usize, out: *mut f32, ld: usize) {
+    use std::arch::x86_64::*;
+    for q0 in (0..npos).step_by(8) {
+        let n = 8.min(npos - q0);
+        for half in 0..ocn.div_ceil(8) {
+            let i0 = half * 8;
+            let rows = std::array::from_fn(|r| {
+                // SAFETY: row q0 + r < npos rounded up to 8, 8 floats from i0 + 8 <= CV.
+                unsafe { _mm256_loadu_ps(scratch[(q0 + r) * CV + i0..][..8].as_ptr()) }
+            });
+            let cols = transpose8(rows);
+            for (k, v) in cols.iter().enumerate().take(ocn - i0) {
+                // SAFETY: row i0 + k < ocn of out, positions q0..q0 + n <= npos (caller).
+                unsafe {
+                    let dst = out.add((i0 + k) * ld + q0);
+                    if n == 8 {
+                        _mm256_storeu_ps(dst, *v);
+                    } else {
+                        let mut t = [0f32; 8];
+                        _mm256_storeu_ps(t.as_mut_ptr(), *v);
+                        std::ptr::copy_nonoverlapping(t.as_ptr(), dst, n);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tile: `acc` holds [`CP`] rows of [`CV`] partial sums (one row per position), each
+/// continued over `steps` (channel, kernel row) pairs: pair `s` reads the 3 x [`CV`] weights
+/// at `w + 48 s` and, for position `j`, the three slab values at `p[j] + tab[s]` bytes.
+///
+/// # Safety
+/// `acc` valid for reads and writes of `CP * CV` floats; `w` for reads of `48 * steps`
+/// floats; `tab` for reads of `steps` offsets; each `p[j] + tab[s]` (bytes) for reads of 3
+/// floats; `steps >= 1`; the CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile(steps: usize, w: *const f32, tab: *const isize, p: &[*const f32; CP], acc: *mut f32) {
+    // One tap: the two weight vectors, then each position's value broadcast and multiplied
+    // into its two accumulators.
+    macro_rules! tap {
+        ($w0:literal, $w1:literal, $d:literal) => {
+            concat!(
+                "vmovups ymm12, [{w} + ", $w0, "]\n",
+                "vmovups ymm13, [{w} + ", $w1, "]\n",
+                "vbroadcastss ymm14, dword ptr [{p0} + {off} + ", $d, "]\n",
+                "vfmadd231ps ymm0, ymm12, ymm14\n",
+                "vfmadd231ps ymm1, ymm13, ymm14\n",
+                "vbroadcastss ymm15, dword ptr [{p1} + {off} + ", $d, "]\n",
+                "vfmadd231ps ymm2, ymm12, ymm15\n",
+                "vfmadd231ps ymm3, ymm13, ymm15\n",
+                "vbroadcastss ymm14, dword ptr [{p2} + {off} + ", $d, "]\n",
+                "vfmadd231ps ymm4, ymm12, ymm14\n",
+                "vfmadd231ps ymm5, ymm13, ymm14\n",
+                "vbroadcastss ymm15, dword ptr [{p3} + {off} + ", $d, "]\n",
+                "vfmadd231ps ymm6, ymm12, ymm15\n",
+                "vfmadd231ps ymm7, ymm13, ymm15\n",
+                "vbroadcastss ymm14, dword ptr [{p4} + {off} + ", $d, "]\n",
+                "vfmadd231ps ymm8, ymm12, ymm14\n",
+                "vfmadd231ps ymm9, ymm13, ymm14\n",
+                "vbroadcastss ymm15, dword ptr [{p5} + {off} + ", $d, "]\n",
+                "vfmadd231ps ymm10, ymm12, ymm15\n",
+                "vfmadd231ps ymm11, ymm13, ymm15\n",
+            )
+        };
+    }
+    // SAFETY: every access is inside the caller's ranges (this function's contract); the
+    // registers written are declared clobbered; no stack use.
+    unsafe {
+        std::arch::asm!(
+            "vmovups ymm0, [{acc}]",
+            "vmovups ymm1, [{acc} + 32]",
+            "vmovups ymm2, [{acc} + 64]",
+            "vmovups ymm3, [{acc} + 96]",
+            "vmovups ymm4, [{acc} + 128]",
+            "vmovups ymm5, [{acc} + 160]",
+            "vmovups ymm6, [{acc} + 192]",
+            "vmovups ymm7, [{acc} + 224]",
+            "vmovups ymm8, [{acc} + 256]",
+            "vmovups ymm9, [{acc} + 288]",
+            "vmovups ymm10, [{acc} + 320]",
+            "vmovups ymm11, [{acc} + 352]",
+            "2:",
+            "mov {off}, [{tab}]",
+            tap!("0", "32", "0"),
+            tap!("64", "96", "4"),
+            tap!("128", "160", "8"),
+            "add {w}, 192",
+            "add {tab}, 8",
+            "dec {n}",
+            "jnz 2b",
+            "vmovups [{acc}], ymm0",
+            "vmovups [{acc} + 32], ymm1",
+            "vmovups [{acc} + 64], ymm2",
+            "vmovups [{acc} + 96], ymm3",
+            "vmovups [{acc} + 128], ymm4",
+            "vmovups [{acc} + 160], ymm5",
+            "vmovups [{acc} + 192], ymm6",
+            "vmovups [{acc} + 224], ymm7",
+            "vmovups [{acc} + 256], ymm8",
+            "vmovups [{acc} + 288], ymm9",
+            "vmovups [{acc} + 320], ymm10",
+            "vmovups [{acc} + 352], ymm11",
+            acc = in(reg) acc,
+            w = inout(reg) w => _,
+            tab = inout(reg) tab => _,
+            n = inout(reg) steps => _,
+            off = out(reg) _,
+            p0 = in(reg) p[0],
+            p1 = in(reg) p[1],
+            p2 = in(reg) p[2],
+            p3 = in(reg) p[3],
+            p4 = in(reg) p[4],
+            p5 = in(reg) p[5],
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+            out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+            out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+            out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+            options(nostack),
+        );
+    }
+}
+
+/// 3x3 stride-1 conv2d as described in the module docs. Tasks and blocks of output rows are
+/// those of [`super::shifted3x3_f32`] (its slab), with panels of [`CV`] channels.
+pub(super) fn cv3x3_f32(
+    g: &Geom,
+    xc: &[f32],
+    wc: &[f32],
+    bc: &[f32],
+    op: &OutPtr<f32>,
+    pool: &dyn kernel_core::ThreadPool,
+    epi: Option<&[Epilogue]>,
+) {
+    let (cg, og, pos) = (g.cg(), g.og(), g.positions());
+    let panels = og.div_ceil(CV);
+    let wpd = g.ow + 2;
+    let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
+    let threads = pool.num_threads().max(1);
+    let split = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
+    let blocks = split.blocks;
+    let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
+    let max_rows = g.oh.div_ceil(blocks);
+    let slab_len = cg * (max_rows + 2) * wpd + 8;
+    let nc = cg.div_ceil(cg.div_ceil(SHIFTED_CHANNELS));
+    let lo = g.pl.min(wpd);
+    let hi = (g.pl + g.w).min(wpd);
+    let scratch_len = (max_rows * g.ow).div_ceil(CP * 8) * CP * 8 * CV;
+    parallel_for(pool, split.tasks, 1, |range| {
+        let mut slab = vec![0f32; slab_len];
+        let mut scratch = vec![0f32; scratch_len];
+        let mut offs: Vec<usize> = Vec::new();
+        let mut tab: Vec<isize> = Vec::new();
+        let mut wbuf = vec![0f32; nc * 9 * CV];
+        for t in range {
+            let Some((img, grp, bs, panel_range)) = split.task(t) else {
+                continue;
+            };
+            for b in bs {
+                let (oh0, oh1) = block_rows(b);
+                let rin = oh1 - oh0 + 2;
+                let cs = rin * wpd;
+                for c in 0..cg {
+                    let plane = &xc[(img * g.c + grp * cg + c) * g.h * g.w..][..g.h * g.w];
+                    for r in 0..rin {
+                        let dst = &mut slab[c * cs + r * wpd..][..wpd];
+                        match g.in_row(oh0 + r, 0) {
+                            Some(ih) if hi > lo => {
+                                dst[..lo].fill(0.0);
+                                dst[lo..hi].copy_from_slice(&plane[ih * g.w..][..hi - lo]);
+                                dst[hi..].fill(0.0);
+                            }
+                            _ => dst.fill(0.0),
+                        }
+                    }
+                }
+                let npos = (oh1 - oh0) * g.ow;
+                offs.clear();
+                offs.extend((0..npos).map(|q| q / g.ow * wpd + q % g.ow));
+                tab.clear();
+                tab.extend(
+                    (0..nc * 3).map(|s| ((s / 3 * cs + s % 3 * wpd) * size_of::<f32>()) as isize),
+                );
+                for pi in panel_range.clone() {
+                    let oc0 = grp * og + pi * CV;
+                    let ocn = CV.min(og - pi * CV);
+                    for q in 0..npos.div_ceil(CP) * CP {
+                        let row = &mut scratch[q * CV..][..CV];
+                        row[..ocn].copy_from_slice(&bc[oc0..oc0 + ocn]);
+                        row[ocn..].fill(0.0);
+                    }
+                    for c0 in (0..cg).step_by(nc) {
+                        let ncc = nc.min(cg - c0);
+                        // SAFETY: AVX2 (`shifted3x3_applies`); oc0 + ocn <= o, c0 + ncc <=
+                        // cg, wbuf holds 9 * nc * CV.
+                        #[cfg(target_arch = "x86_64")]
+                        unsafe {
+                            pack_panel(g, wc, oc0, ocn, c0, ncc, &mut wbuf)
+                        };
+                        let w = wbuf.as_ptr();
+                        for t0 in (0..npos).step_by(CP) {
+                            let p: [*const f32; CP] = std::array::from_fn(|j| {
+                                slab[c0 * cs + offs[(t0 + j).min(npos - 1)]..].as_ptr()
+                            });
+                            // SAFETY: scratch rows t0..t0 + CP exist (its length is npos
+                            // rounded up to CP rows); the panel's weights for channels c0..c0
+                            // + ncc are 27 * ncc * CV floats from w; tab has 3 * nc >= 3 *
+                            // ncc entries; position j's slab values, channel c0 + c, rows r
+                            // + ki, columns x + kj (r < rin - 2, x < ow, ki, kj < 3) are
+                            // inside the cg * cs slab; the CPU has AVX2 and FMA
+                            // (`shifted3x3_applies`).
+                            #[cfg(target_arch = "x86_64")]
+                            unsafe {
+                                tile(3 * ncc, w, tab.as_ptr(), &p, scratch[t0 * CV..].as_mut_ptr())
+                            };
+                        }
+                    }
+                    let at0 = (img * g.o + oc0) * pos + oh0 * g.ow;
+                    // SAFETY: AVX2; scratch holds npos rounded up to CP * 8 rows; channels
+                    // oc0..oc0 + ocn <= o of image img, output rows oh0..oh1: inside the
+                    // output, and only this task's (its panels, its rows).
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        unpack_out(&scratch, npos, ocn, op.ptr().add(at0), pos)
+                    };
+                    if let Some(steps) = epi {
+                        for i in 0..ocn {
+                            let at = at0 + i * pos;
+                            // SAFETY: as for the unpacking.
+                            let out =
+                                unsafe { std::slice::from_raw_parts_mut(op.ptr().add(at), npos) };
+                            Epilogue::apply_all(steps, out, at);
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
