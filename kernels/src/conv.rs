@@ -2,8 +2,10 @@
 //! and dilation, grouped and depthwise) and its backward.
 //!
 //! Forward in f32, f16 and bf16 (half types are converted to f32 first and rounded once at the
-//! end): im2col of an L2-sized block of output positions, multiplied by the weights read in
-//! place (6 rows at a time) with an AVX2+FMA 6x16 micro-kernel of our own ([`tile_f32`]); each
+//! end): layers with kernels larger than 1x1 through a micro-kernel vectorized along output
+//! channels ([`cv`]); 1x1 layers as im2col of an L2-sized block of output positions (the input
+//! itself where it can be), multiplied by the weights read in place (6 rows at a time) with an
+//! AVX2+FMA 6x16 micro-kernel of our own ([`tile_f32`]); each
 //! output is one chain of fused multiply-adds from its bias over its kernel rows in order, so
 //! results depend on nothing but the inputs (tiling, thread count, SIMD level). Tasks are
 //! (image, group, position block). Forward in f64 and the backward: im2col + `gemm`, one GEMM
@@ -1063,11 +1065,13 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     unsafe { tile_acc_store::<FULL, HALF>(&acc, c, 8, ldc, mr, m0, m1) };
 }
 
-/// conv2d for the types computed in f32 (f32, f16, bf16): im2col of a block of output
-/// positions into a task-local buffer (L2-sized), multiplied by the weights in place, `MR`
-/// rows (output channels) at a time, tile by tile ([`gemm_tiles_f32`], [`tile_f32`]); 1x1
-/// layers read the input in place, 3x3 stride-1 layers a padded copy of it
-/// ([`shifted3x3_f32`]), depthwise layers run directly ([`depthwise_f32`]). Tasks are cut as
+/// conv2d for the types computed in f32 (f32, f16, bf16). Depthwise layers run directly
+/// ([`depthwise_f32`]). Every other layer with a kernel larger than 1x1, on a CPU with AVX2
+/// and FMA, runs vectorized along output channels from a padded copy of its input rows
+/// ([`cv::cv_f32`]). The rest (1x1 layers, and every layer at the baseline SIMD level): im2col
+/// of a block of output positions into a task-local buffer (L2-sized; 1x1 layers read the
+/// input in place), multiplied by the weights in place, `MR` rows (output channels) at a time,
+/// tile by tile ([`gemm_tiles_f32`], [`tile_f32`]). Tasks are cut as
 /// [`split_work`] says; each output is one fma chain in a fixed order, so nothing depends on
 /// the path, the partition or the thread count. An f32 input and output are used in place,
 /// without conversion copies.
@@ -1111,10 +1115,8 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     };
     if depthwise {
         depthwise_f32(&g, xc, wc, &bc, &op, pool);
-    } else if cv::cv3x3_applies(&g) {
-        cv::cv3x3_f32(&g, xc, wc, &bc, &op, pool, epi);
-    } else if shifted3x3_applies(&g) {
-        shifted3x3_f32(&g, xc, wc, &bc, &op, pool, epi);
+    } else if cv::cv_applies(&g) {
+        cv::cv_f32(&g, xc, wc, &bc, &op, pool, epi);
     } else {
         gemm_tiles_f32(&g, xc, wc, &bc, &op, pool, epi);
     }
@@ -1683,283 +1685,8 @@ unsafe fn epilogue_runs(
     *applied = done;
 }
 
-/// Floats of a [`shifted3x3_f32`] task's padded input slab (256 KiB, inside a core's L2).
+/// Floats of a [`cv::cv_f32`] task's input block (256 KiB, inside a core's L2).
 const SLAB_FLOATS: usize = 1 << 16;
-
-/// Input channels per pass of [`shifted3x3_f32`] over a slab: 9 kernel rows each, so a pass
-/// reads at most 252 weights per output channel (as the tiles' `kc`).
-const SHIFTED_CHANNELS: usize = 28;
-
-/// Whether [`shifted3x3_f32`] computes this layer: 3x3, stride 1, no dilation, on a CPU with
-/// AVX2 and FMA. Measured against the im2col tiles, one thread (`op_loop conv:C,H,O,3,1,1,G`,
-/// GFLOP/s): 64x56x56 69.6 -> 87.9, 128x28x28 68.7 -> 74.3, 256x14x14 67.4 -> 71.4, 512x7x7
-/// 60.8 -> 64.2, 128x20x20 66.0 -> 69.1, 64x4x4 31.1 -> 36.0; no shape tried was slower.
-fn shifted3x3_applies(g: &Geom) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        (g.kh, g.kw, g.sh, g.sw, g.dh, g.dw) == (3, 3, 1, 1, 1, 1)
-            && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = g;
-        false
-    }
-}
-
-/// 3x3 stride-1 conv2d without im2col. Each task (image, group, block of output rows) copies
-/// the rows its outputs read, of the group's channels, once into a zero-padded slab `[channel]
-/// [row][ow + 2]`: the 9 kernel rows of channel `c` for a run of output positions within one
-/// row are then 9 runs of the slab at fixed offsets (`c * cs + ki * (ow + 2) + kj`), read in
-/// place by [`tile3x3_avx2`]. (im2col wrote each input value 9 times: with its copies and
-/// zeroing, a sixth of a 56x56 layer's time.) The block's rows are cut into runs of at most 8
-/// positions and a tile takes two runs (its two vectors), so rows of 56, 14 or 7 fill the
-/// tiles as well as the flat positions did. The weights are read in place, as by the tiles
-/// (packing them cost more than it saved on deep layers). Each output is the same fma chain as
-/// in [`tile_f32`] (its bias, then kernel rows in order, a padded tap multiplying zero), so
-/// the bits are the tiles'.
-fn shifted3x3_f32(
-    g: &Geom,
-    xc: &[f32],
-    wc: &[f32],
-    bc: &[f32],
-    op: &OutPtr<f32>,
-    pool: &dyn kernel_core::ThreadPool,
-    epi: Option<&[Epilogue]>,
-) {
-    let (cg, og, pos, ckk) = (g.cg(), g.og(), g.positions(), g.ckk());
-    let panels = og.div_ceil(MR);
-    let bp = bias_panels(g, bc);
-    let wpd = g.ow + 2;
-    let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
-    let threads = pool.num_threads().max(1);
-    let split = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
-    let blocks = split.blocks;
-    let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
-    // (8 values of slack: a run's last vector may reach past the last row)
-    let slab_len = cg * (g.oh.div_ceil(blocks) + 2) * wpd + 8;
-    let nc = cg.div_ceil(cg.div_ceil(SHIFTED_CHANNELS));
-    // slab column q holds input column q - pl: columns lo..hi are inside the input
-    let lo = g.pl.min(wpd);
-    let hi = (g.pl + g.w).min(wpd);
-    // a block's rows are cut into runs of at most 8 positions, `spr` a row
-    let spr = g.ow.div_ceil(8);
-    parallel_for(pool, split.tasks, 1, |range| {
-        let mut slab = vec![0f32; slab_len];
-        for t in range {
-            let Some((img, grp, bs, panel_range)) = split.task(t) else {
-                continue;
-            };
-            for b in bs {
-                let (oh0, oh1) = block_rows(b);
-                let rin = oh1 - oh0 + 2;
-                let cs = rin * wpd;
-                // slab row r holds input row oh0 + r - pt
-                for c in 0..cg {
-                    let plane = &xc[(img * g.c + grp * cg + c) * g.h * g.w..][..g.h * g.w];
-                    for r in 0..rin {
-                        let dst = &mut slab[c * cs + r * wpd..][..wpd];
-                        match g.in_row(oh0 + r, 0) {
-                            Some(ih) if hi > lo => {
-                                dst[..lo].fill(0.0);
-                                dst[lo..hi].copy_from_slice(&plane[ih * g.w..][..hi - lo]);
-                                dst[hi..].fill(0.0);
-                            }
-                            _ => dst.fill(0.0),
-                        }
-                    }
-                }
-                let mut applied = 0;
-                for c0 in (0..cg).step_by(nc) {
-                    let ncc = nc.min(cg - c0);
-                    // the block's runs, taken two at a time
-                    let segs = (oh1 - oh0) * spr;
-                    let seg = |i: usize| {
-                        let (r, ow0) = (i / spr, i % spr * 8);
-                        (r * wpd + ow0, (oh0 + r) * g.ow + ow0, 8.min(g.ow - ow0))
-                    };
-                    for s0 in (0..segs).step_by(2) {
-                        let (b0, o0, n0) = seg(s0);
-                        let (b1, o1, n1) = if s0 + 1 < segs {
-                            seg(s0 + 1)
-                        } else {
-                            (b0, o0, 0)
-                        };
-                        for pi in panel_range.clone() {
-                            let oc0 = grp * og + pi * MR;
-                            let mr = MR.min(og - pi * MR);
-                            // SAFETY: weight rows oc0..oc0 + mr (< o; mr >= 1) of the o * ckk
-                            // `wc` are read in place, elements c0 * 9..(c0 + ncc) * 9 (c0 + ncc
-                            // <= cg) of each. The slab holds cg channels of cs = rin * wpd
-                            // values and 8 more: a run from row r <= rin - 3, column ow0 <= ow -
-                            // 1 reads channel c0 + ch < cg at rows r + ki and columns ow0 + kj +
-                            // j (ki, kj <= 2, j < 8), i.e. at most index (cg - 1) * cs + (rin -
-                            // 1) * wpd + ow + 8 = cg * cs + 6 (wpd = ow + 2), inside. The output
-                            // rows oc0..oc0 + mr at the runs' positions (oh0 + r) * ow + ow0..
-                            // (+ n <= ow - ow0) of image img lie inside the n * o * pos output,
-                            // and only task t touches them (its panels, its rows; the c0 == 0
-                            // pass writes them before later passes read them); the output is
-                            // neither the input nor a task buffer; the bias panel has MR
-                            // entries. The second run follows the first in the slab and the
-                            // output.
-                            unsafe {
-                                tile3x3_avx2_dispatch(
-                                    ncc,
-                                    wc.as_ptr().add(oc0 * ckk + c0 * 9),
-                                    ckk,
-                                    slab.as_ptr().add(c0 * cs + b0),
-                                    b1 - b0,
-                                    cs,
-                                    wpd,
-                                    op.ptr().add((img * g.o + oc0) * pos + o0),
-                                    o1 - o0,
-                                    pos,
-                                    bp.as_ptr().add((grp * panels + pi) * MR),
-                                    c0 == 0,
-                                    mr,
-                                    [n0, n1],
-                                )
-                            };
-                        }
-                        // in the last pass, the epilogue on each run of finished rows
-                        if let Some(steps) = epi.filter(|_| c0 + ncc == cg) {
-                            let (at, len) = ((img, grp, panel_range.clone()), (oh1 - oh0) * g.ow);
-                            let done = (s0 + 2).min(segs) / spr * g.ow;
-                            // SAFETY: this task's outputs (its panels' channels of image img,
-                            // output rows oh0..oh1 <= oh, their first `done` positions
-                            // finished: whole rows), which only it touches.
-                            unsafe {
-                                epilogue_runs(steps, g, op, at, oh0 * g.ow, len, done, &mut applied)
-                            };
-                        }
-                    }
-                }
-            }
-        }
-    });
-}
-
-/// [`tile3x3_avx2`] for two runs of `n[0]` and `n[1]` positions: both whole (8), one alone,
-/// or masked.
-///
-/// # Safety
-/// As [`tile3x3_avx2`].
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn tile3x3_avx2_dispatch(
-    nc: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    b1: usize,
-    cs: usize,
-    wpd: usize,
-    c: *mut f32,
-    c1: usize,
-    ldc: usize,
-    bias: *const f32,
-    first: bool,
-    mr: usize,
-    n: [usize; 2],
-) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `shifted3x3_applies` chose this path only on a CPU with AVX2 and FMA; the
-    // pointer contract is the caller's.
-    unsafe {
-        let args = (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n);
-        match n {
-            // (a panel of at most 3 rows, the last of 32 output channels, computes 3)
-            [8, 8] if mr <= 3 => tile3x3_avx2::<true, false, 3>(args),
-            [8, 8] => tile3x3_avx2::<true, false, MR>(args),
-            [_, 0] => tile3x3_avx2::<false, true, MR>(args),
-            _ if mr <= 3 => tile3x3_avx2::<false, false, 3>(args),
-            _ => tile3x3_avx2::<false, false, MR>(args),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n);
-}
-
-/// One tile of [`shifted3x3_f32`]: as [`tile_avx2`] (`ROWS` weight rows read in place from
-/// `a`, row stride `lda`), for two runs of positions (lanes 0-7 and 8-15: `n[0]` and `n[1]`
-/// of them, the second at `b + b1` in the slab and `c + c1` in the output), over the kernel
-/// rows of `nc` input channels, whose values are read straight from the slab: kernel row
-/// `9 * ch + 3 * ki + kj` of a run at `ch * cs + ki * wpd + kj` from the run's start. `FULL`:
-/// both runs are 8 long; `HALF`: no second run.
-///
-/// # Safety
-/// `a` valid for reads of `a[r * lda + l]` (`r < mr`, `l < 9 * nc`); `b` and `b + b1` for
-/// reads of `[ch * cs + ki * wpd + kj + j]` (`ch < nc`, `ki, kj < 3`, `j < 8`); `bias` for
-/// `MR` reads; rows `r < mr` (stride `ldc`) of `c` and `c + c1` as `c` in [`tile_f32`], for
-/// each run's length; `mr <= ROWS <= MR`, runs of at most 8; the CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::type_complexity)]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile3x3_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
-    (nc, a, lda, b, b1, cs, wpd, c, c1, ldc, bias, first, mr, n): (
-        usize,
-        *const f32,
-        usize,
-        *const f32,
-        usize,
-        usize,
-        usize,
-        *mut f32,
-        usize,
-        usize,
-        *const f32,
-        bool,
-        usize,
-        [usize; 2],
-    ),
-) {
-    use std::arch::x86_64::*;
-    let (m0, m1) = (lane_mask(n[0], 0), lane_mask(n[1], 0));
-    // SAFETY: the caller's contract for `c` and `bias`, as `tile_avx2`'s.
-    let mut acc = unsafe { tile_acc_init::<FULL, HALF, ROWS>(c, c1, ldc, bias, first, mr, m0, m1) };
-    // One loop over the kernel rows, the slab position stepped by counters: with the taps
-    // written out as nested loops, the compiler unrolled all nine and spilled accumulators.
-    // SAFETY: min(r, mr - 1) < mr: the start of a weight row (caller's contract); mr >= 1.
-    let rows: [*const f32; ROWS] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
-    let mut bp = b;
-    let (mut kj, mut ki) = (0, 0);
-    for l in 0..9 * nc {
-        // SAFETY: the loop visits kernel rows l = 9 * ch + 3 * ki + kj in order, `bp` at `b
-        // + ch * cs + ki * wpd + kj`, and element l of each weight row: inside the caller's
-        // ranges (ch < nc, ki, kj < 3).
-        unsafe {
-            // (whole vectors: lanes past a run read slab values that are computed and
-            // dropped, cheaper than masked loads)
-            let v0 = _mm256_loadu_ps(bp);
-            let v1 = if HALF {
-                _mm256_setzero_ps()
-            } else {
-                _mm256_loadu_ps(bp.add(b1))
-            };
-            for (r, row) in rows.iter().enumerate() {
-                let av = _mm256_broadcast_ss(&*row.add(l));
-                acc[2 * r] = _mm256_fmadd_ps(av, v0, acc[2 * r]);
-                if !HALF {
-                    acc[2 * r + 1] = _mm256_fmadd_ps(av, v1, acc[2 * r + 1]);
-                }
-            }
-        }
-        // (wrapping: the step past the last row is never dereferenced)
-        kj += 1;
-        bp = bp.wrapping_add(1);
-        if kj == 3 {
-            kj = 0;
-            ki += 1;
-            bp = bp.wrapping_add(wpd - 3);
-            if ki == 3 {
-                ki = 0;
-                bp = bp.wrapping_add(cs - 3 * wpd);
-            }
-        }
-    }
-    // SAFETY: as for the initial values.
-    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, c1, ldc, mr, m0, m1) };
-}
 
 fn conv2d_cpu(ctx: &mut KernelCtx) -> Result<()> {
     match ctx.input(0).dtype {
@@ -2266,10 +1993,24 @@ mod depthwise_tests {
         })
     }
 
-    /// A 3x3 stride-1 geometry (`shifted3x3_f32`'s): `n` images, `c` channels in `g` groups,
-    /// `o` outputs, pads top, bottom, left, right.
-    fn geom3(n: usize, c: usize, o: usize, g: usize, hw: [usize; 2], p: [usize; 4]) -> Geom {
+    /// A geometry: `n` images, `c` channels in `g` groups, `o` outputs, kernel `k`, stride
+    /// `s`, dilation `d`, pads top, bottom, left, right.
+    #[allow(clippy::too_many_arguments)]
+    fn geomk(
+        n: usize,
+        c: usize,
+        o: usize,
+        g: usize,
+        hw: [usize; 2],
+        k: [usize; 2],
+        s: [usize; 2],
+        d: [usize; 2],
+        p: [usize; 4],
+    ) -> Geom {
         let [pt, pb, pl, pr] = p;
+        let out = |len: usize, k: usize, p: usize, s: usize, d: usize| {
+            (len + p - (k - 1) * d - 1) / s + 1
+        };
         Geom {
             n,
             c,
@@ -2277,26 +2018,32 @@ mod depthwise_tests {
             w: hw[1],
             o,
             g,
-            kh: 3,
-            kw: 3,
-            oh: hw[0] + pt + pb - 2,
-            ow: hw[1] + pl + pr - 2,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
+            kh: k[0],
+            kw: k[1],
+            oh: out(hw[0], k[0], pt + pb, s[0], d[0]),
+            ow: out(hw[1], k[1], pl + pr, s[1], d[1]),
+            sh: s[0],
+            sw: s[1],
+            dh: d[0],
+            dw: d[1],
             pt,
             pl,
         }
     }
 
-    /// The shifted 3x3 path (a padded slab read in place, no im2col) gives the im2col tiles'
+    /// A 3x3 stride-1 geometry.
+    fn geom3(n: usize, c: usize, o: usize, g: usize, hw: [usize; 2], p: [usize; 4]) -> Geom {
+        geomk(n, c, o, g, hw, [3, 3], [1, 1], [1, 1], p)
+    }
+
+    /// The path vectorized along output channels (`cv::cv_f32`: a padded copy of the input
+    /// rows, or the input in place, broadcast into 16-channel panels) gives the im2col tiles'
     /// bits (same fma chains, a -0.0 bias kept) and is within float32 rounding of a float64
-    /// reference: whole, short and single runs, tiles spanning two rows, several channel
-    /// passes and row blocks, groups, a partial panel, asymmetric pads and pads wider than
-    /// the kernel.
+    /// reference: tiles spanning rows, several channel passes and row blocks, groups, partial
+    /// panels, asymmetric pads and pads wider than the kernel, strides, dilations, kernels from
+    /// 1x1 (padded, and in place at stride 2) to 11x11.
     #[test]
-    fn shifted_3x3_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
+    fn channel_vectorized_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
         // (the CPU's own level: other tests force the process-wide one meanwhile)
         if !matches!(
             crate::cpu_simd_level(),
@@ -2305,22 +2052,55 @@ mod depthwise_tests {
             return; // (the path runs only on AVX2 CPUs; `simd_levels.rs` covers the rest)
         }
         let cases = [
-            // rows of 16: two whole runs a tile; 13 outputs: a panel of one row
+            // rows of 16; 13 outputs: one partial panel
             geom3(2, 8, 13, 1, [6, 16], [1, 1, 1, 1]),
-            // 70 channels: three passes of at most 28; two row blocks; rows of 28 (runs of 8,
-            // 8, 8 and 4)
-            geom3(1, 70, 12, 1, [40, 28], [1, 1, 1, 1]),
-            // two groups, asymmetric pads, rows of 56: 7 runs a row, tiles across two rows,
-            // an odd count (the last tile one run)
+            // 70 channels: three passes of at most 28; two row blocks; 33 outputs: three
+            // panels, the last of one channel
+            geom3(1, 70, 33, 1, [40, 28], [1, 1, 1, 1]),
+            // two groups, asymmetric pads, rows of 56
             geom3(2, 12, 12, 2, [9, 54], [0, 2, 1, 3]),
             // pads wider than the kernel: whole padded rows and columns; rows of 39
             geom3(1, 4, 7, 1, [5, 30], [4, 0, 5, 6]),
-            // rows of 7 (each tile two rows), three groups of two channels
+            // rows of 7, three groups of two channels
             geom3(2, 6, 9, 3, [7, 7], [1, 1, 1, 1]),
             // one output position
             geom3(1, 5, 6, 1, [3, 3], [0, 0, 0, 0]),
             // more output channels than positions: tasks split over panels (panel-major)
             geom3(1, 40, 60, 1, [5, 6], [1, 1, 1, 1]),
+            // 5x5, stride (2, 1), dilation (1, 2), two groups, asymmetric pads
+            geomk(1, 6, 20, 2, [17, 19], [5, 5], [2, 1], [1, 2], [2, 0, 1, 3]),
+            // 7x7 stride 2 (a network's first layer)
+            geomk(2, 3, 16, 1, [30, 31], [7, 7], [2, 2], [1, 1], [3, 3, 3, 3]),
+            // a 2x3 kernel, stride (3, 2), dilation (2, 1), unpadded
+            geomk(3, 4, 33, 1, [11, 11], [2, 3], [3, 2], [2, 1], [0, 0, 0, 0]),
+            // 11x11 stride 4: 121 taps a channel, two channels a pass
+            geomk(
+                1,
+                5,
+                17,
+                1,
+                [40, 43],
+                [11, 11],
+                [4, 4],
+                [1, 1],
+                [0, 0, 2, 1],
+            ),
+            // 1x1 with pads (a padded copy), and 1x1 at stride 2 (in place), 300 channels in
+            // two passes
+            geomk(2, 10, 18, 2, [6, 9], [1, 1], [1, 1], [1, 1], [1, 0, 2, 1]),
+            geomk(1, 300, 24, 1, [9, 8], [1, 1], [2, 2], [1, 1], [0, 0, 0, 0]),
+            // 1x1 stride 2 in place, 600 channels: three blocks of output rows
+            geomk(
+                1,
+                600,
+                20,
+                1,
+                [39, 24],
+                [1, 1],
+                [2, 2],
+                [1, 1],
+                [0, 0, 0, 0],
+            ),
         ];
         for g in cases {
             let x = values(g.n * g.c * g.h * g.w, 1);
@@ -2328,16 +2108,8 @@ mod depthwise_tests {
             let mut b = values(g.o, 3);
             b[0] = -0.0;
             let len = g.n * g.o * g.positions();
-            let (mut shifted, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
-            shifted3x3_f32(
-                &g,
-                &x,
-                &w,
-                &b,
-                &OutPtr(shifted.as_mut_ptr()),
-                &RayonPool,
-                None,
-            );
+            let (mut cv, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+            cv::cv_f32(&g, &x, &w, &b, &OutPtr(cv.as_mut_ptr()), &RayonPool, None);
             gemm_tiles_f32(
                 &g,
                 &x,
@@ -2348,7 +2120,7 @@ mod depthwise_tests {
                 None,
             );
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&shifted), bits(&tiles), "{g:?}");
+            assert_eq!(bits(&cv), bits(&tiles), "{g:?}");
             let (cg, og) = (g.cg(), g.og());
             for img in 0..g.n {
                 for oc in 0..g.o {
@@ -2356,22 +2128,22 @@ mod depthwise_tests {
                         let (oh, ow) = (p / g.ow, p % g.ow);
                         let (mut want, mut mag) = (b[oc] as f64, (b[oc] as f64).abs());
                         for ci in 0..cg {
-                            for ki in 0..3 {
-                                for kj in 0..3 {
+                            for ki in 0..g.kh {
+                                for kj in 0..g.kw {
                                     if let (Some(ih), Some(iw)) =
                                         (g.in_row(oh, ki), g.in_col(ow, kj))
                                     {
                                         let ch = oc / og * cg + ci;
                                         let xv = x[((img * g.c + ch) * g.h + ih) * g.w + iw];
-                                        let t =
-                                            w[(oc * cg + ci) * 9 + ki * 3 + kj] as f64 * xv as f64;
+                                        let wv = w[((oc * cg + ci) * g.kh + ki) * g.kw + kj];
+                                        let t = wv as f64 * xv as f64;
                                         want += t;
                                         mag += t.abs();
                                     }
                                 }
                             }
                         }
-                        let got = shifted[(img * g.o + oc) * g.positions() + p] as f64;
+                        let got = cv[(img * g.o + oc) * g.positions() + p] as f64;
                         let tol = (g.ckk() + 1) as f64 * 2f64.powi(-24) * mag;
                         assert!(
                             (got - want).abs() <= tol,

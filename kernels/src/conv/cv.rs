@@ -1,6 +1,7 @@
-//! conv2d f32, 3x3 stride 1, vectorized along output channels: each tile is 16 output
-//! channels (two AVX2 vectors of a packed weight panel) at 6 output positions (input values
-//! broadcast from the zero-padded slab of [`super::shifted3x3_f32`]), 12 accumulators. The
+//! conv2d f32 vectorized along output channels: each tile is 16 output channels (two AVX2
+//! vectors of a packed weight panel) at 6 output positions (input values broadcast from a
+//! zero-padded copy of the rows they read), 12 accumulators, in hand-scheduled assembly (the
+//! same loop in intrinsics had LLVM share broadcasts across taps and spill accumulators). The
 //! six positions are any six: each has its own slab pointer, so a tile runs on across the end
 //! of an output row and every lane computes an output (the position-vectorized tiles fill
 //! only 13 of 16 lanes on rows of 13, 27 of 32 on rows of 27). Partial sums live in a
@@ -9,7 +10,7 @@
 //! multiply-adds as in every other f32 path (bias, then kernel rows `(c, ki, kj)` in order), so
 //! the bits do not change.
 
-use super::{shifted3x3_applies, split_work, Geom, OutPtr, SHIFTED_CHANNELS, SLAB_FLOATS};
+use super::{simd_level, split_work, Geom, OutPtr, SimdLevel, SLAB_FLOATS};
 use kernel_core::{parallel_for, Epilogue};
 
 /// Output channels per panel (two AVX2 vectors).
@@ -17,12 +18,17 @@ const CV: usize = 16;
 /// Output positions per tile.
 const CP: usize = 6;
 
-/// Whether [`cv3x3_f32`] computes this layer (for now: `POLYOP_CONV_CV=1`, while it is
-/// measured against the shifted path).
-pub(super) fn cv3x3_applies(g: &Geom) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    shifted3x3_applies(g)
-        && *ON.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "1"))
+/// Whether [`cv_f32`] computes this layer: a kernel larger than 1x1, on a CPU with AVX2 and
+/// FMA. (1x1 layers stay on the im2col tiles, which read the weights in place: here the
+/// per-call packing of a deep layer's weights, and the tile overhead of a layer with few
+/// channels, cost more than the full lanes gain; measured in docs/benchmarks.md.)
+/// `POLYOP_CONV_CV=0` turns the path off, to measure it against the tiles; the bits are the
+/// same either way.
+pub(super) fn cv_applies(g: &Geom) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    g.kh * g.kw > 1
+        && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
+        && !*OFF.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "0"))
 }
 
 /// `out[k] = column k of the 8 x 8 matrix whose rows are `rows`.
@@ -59,18 +65,28 @@ fn transpose8(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m25
 }
 
 /// The weights of output channels `oc0..oc0 + ocn` (`ocn <= CV`), input channels `c0..c0 +
-/// ncc` of their group, as one panel `[c][ki * 3 + kj][CV]` in `dst` (channels past `ocn`
+/// ncc` of their group, as one panel `[c][ki * kw + kj][CV]` in `dst` (channels past `ocn`
 /// zero): the layout [`tile`] reads.
 ///
 /// # Safety
-/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `9 * ncc * CV`.
+/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `kh * kw * ncc *
+/// CV`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn pack_panel(g: &Geom, wc: &[f32], oc0: usize, ocn: usize, c0: usize, ncc: usize, dst: &mut [f32]) {
+fn pack_panel(
+    g: &Geom,
+    wc: &[f32],
+    oc0: usize,
+    ocn: usize,
+    c0: usize,
+    ncc: usize,
+    dst: &mut [f32],
+) {
     use std::arch::x86_64::*;
-    let (ckk, len) = (g.ckk(), ncc * 9);
+    let kk = g.kh * g.kw;
+    let (ckk, len) = (g.ckk(), ncc * kk);
     let dst = &mut dst[..len * CV];
-    let src = |i: usize| &wc[(oc0 + i) * ckk + c0 * 9..][..len];
+    let src = |i: usize| &wc[(oc0 + i) * ckk + c0 * kk..][..len];
     let whole = len / 8 * 8;
     for half in 0..2 {
         let i0 = half * 8;
@@ -133,38 +149,45 @@ unsafe fn unpack_out(scratch: &[f32], npos: usize, ocn: usize, out: *mut f32, ld
 }
 
 /// The tile: `acc` holds [`CP`] rows of [`CV`] partial sums (one row per position), each
-/// continued over `steps` (channel, kernel row) pairs: pair `s` reads the 3 x [`CV`] weights
-/// at `w + 48 s` and, for position `j`, the three slab values at `p[j] + tab[s]` bytes.
+/// continued over `taps` kernel rows: tap `s` reads the [`CV`] weights at `w + CV * s` and,
+/// for position `j`, the input value at `p[j] + tab[s]` bytes.
 ///
 /// # Safety
-/// `acc` valid for reads and writes of `CP * CV` floats; `w` for reads of `48 * steps`
-/// floats; `tab` for reads of `steps` offsets; each `p[j] + tab[s]` (bytes) for reads of 3
-/// floats; `steps >= 1`; the CPU supports AVX2 and FMA.
+/// `acc` valid for reads and writes of `CP * CV` floats; `w` for reads of `CV * taps`
+/// floats; `tab` for reads of `taps` offsets; each `p[j] + tab[s]` (bytes) for a read of one
+/// float; the CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-unsafe fn tile(steps: usize, w: *const f32, tab: *const isize, p: &[*const f32; CP], acc: *mut f32) {
-    // One tap: the two weight vectors, then each position's value broadcast and multiplied
-    // into its two accumulators.
+unsafe fn tile(taps: usize, w: *const f32, tab: *const isize, p: &[*const f32; CP], acc: *mut f32) {
+    // One tap: its offset, the two weight vectors, then each position's value broadcast and
+    // multiplied into its two accumulators.
     macro_rules! tap {
-        ($w0:literal, $w1:literal, $d:literal) => {
+        ($t:literal, $w0:literal, $w1:literal) => {
             concat!(
-                "vmovups ymm12, [{w} + ", $w0, "]\n",
-                "vmovups ymm13, [{w} + ", $w1, "]\n",
-                "vbroadcastss ymm14, dword ptr [{p0} + {off} + ", $d, "]\n",
+                "mov {off}, [{tab} + ",
+                $t,
+                "]\n",
+                "vmovups ymm12, [{w} + ",
+                $w0,
+                "]\n",
+                "vmovups ymm13, [{w} + ",
+                $w1,
+                "]\n",
+                "vbroadcastss ymm14, dword ptr [{p0} + {off}]\n",
                 "vfmadd231ps ymm0, ymm12, ymm14\n",
                 "vfmadd231ps ymm1, ymm13, ymm14\n",
-                "vbroadcastss ymm15, dword ptr [{p1} + {off} + ", $d, "]\n",
+                "vbroadcastss ymm15, dword ptr [{p1} + {off}]\n",
                 "vfmadd231ps ymm2, ymm12, ymm15\n",
                 "vfmadd231ps ymm3, ymm13, ymm15\n",
-                "vbroadcastss ymm14, dword ptr [{p2} + {off} + ", $d, "]\n",
+                "vbroadcastss ymm14, dword ptr [{p2} + {off}]\n",
                 "vfmadd231ps ymm4, ymm12, ymm14\n",
                 "vfmadd231ps ymm5, ymm13, ymm14\n",
-                "vbroadcastss ymm15, dword ptr [{p3} + {off} + ", $d, "]\n",
+                "vbroadcastss ymm15, dword ptr [{p3} + {off}]\n",
                 "vfmadd231ps ymm6, ymm12, ymm15\n",
                 "vfmadd231ps ymm7, ymm13, ymm15\n",
-                "vbroadcastss ymm14, dword ptr [{p4} + {off} + ", $d, "]\n",
+                "vbroadcastss ymm14, dword ptr [{p4} + {off}]\n",
                 "vfmadd231ps ymm8, ymm12, ymm14\n",
                 "vfmadd231ps ymm9, ymm13, ymm14\n",
-                "vbroadcastss ymm15, dword ptr [{p5} + {off} + ", $d, "]\n",
+                "vbroadcastss ymm15, dword ptr [{p5} + {off}]\n",
                 "vfmadd231ps ymm10, ymm12, ymm15\n",
                 "vfmadd231ps ymm11, ymm13, ymm15\n",
             )
@@ -186,15 +209,27 @@ unsafe fn tile(steps: usize, w: *const f32, tab: *const isize, p: &[*const f32; 
             "vmovups ymm9, [{acc} + 288]",
             "vmovups ymm10, [{acc} + 320]",
             "vmovups ymm11, [{acc} + 352]",
+            // three taps at a time, then one at a time
+            "test {n3}, {n3}",
+            "jz 3f",
             "2:",
-            "mov {off}, [{tab}]",
-            tap!("0", "32", "0"),
-            tap!("64", "96", "4"),
-            tap!("128", "160", "8"),
+            tap!("0", "0", "32"),
+            tap!("8", "64", "96"),
+            tap!("16", "128", "160"),
             "add {w}, 192",
-            "add {tab}, 8",
-            "dec {n}",
+            "add {tab}, 24",
+            "dec {n3}",
             "jnz 2b",
+            "3:",
+            "test {n1}, {n1}",
+            "jz 5f",
+            "4:",
+            tap!("0", "0", "32"),
+            "add {w}, 64",
+            "add {tab}, 8",
+            "dec {n1}",
+            "jnz 4b",
+            "5:",
             "vmovups [{acc}], ymm0",
             "vmovups [{acc} + 32], ymm1",
             "vmovups [{acc} + 64], ymm2",
@@ -210,7 +245,8 @@ unsafe fn tile(steps: usize, w: *const f32, tab: *const isize, p: &[*const f32; 
             acc = in(reg) acc,
             w = inout(reg) w => _,
             tab = inout(reg) tab => _,
-            n = inout(reg) steps => _,
+            n3 = inout(reg) taps / 3 => _,
+            n1 = inout(reg) taps % 3 => _,
             off = out(reg) _,
             p0 = in(reg) p[0],
             p1 = in(reg) p[1],
@@ -227,9 +263,17 @@ unsafe fn tile(steps: usize, w: *const f32, tab: *const isize, p: &[*const f32; 
     }
 }
 
-/// 3x3 stride-1 conv2d as described in the module docs. Tasks and blocks of output rows are
-/// those of [`super::shifted3x3_f32`] (its slab), with panels of [`CV`] channels.
-pub(super) fn cv3x3_f32(
+/// Kernel rows (taps) per channel pass: a panel's weights for a pass, `CV` floats a tap, stay
+/// near 16 KiB, in L1 beside the input values the tiles read.
+const PASS_TAPS: usize = 256;
+
+/// conv2d as described in the module docs. Each task (image, group, block of output rows)
+/// reads its input in place where every position reads inside it (a 1x1 layer without
+/// padding), and otherwise from a copy of the rows it reads, zero-padded, `[channel][row]
+/// [column]` (im2col wrote each input value once per tap). A position's tap
+/// (channel `c`, kernel row `ki`, column `kj`) is then at a fixed offset from the position's
+/// own start: `c * cs + ki * dh * ws + kj * dw`, whatever the stride.
+pub(super) fn cv_f32(
     g: &Geom,
     xc: &[f32],
     wc: &[f32],
@@ -239,54 +283,85 @@ pub(super) fn cv3x3_f32(
     epi: Option<&[Epilogue]>,
 ) {
     let (cg, og, pos) = (g.cg(), g.og(), g.positions());
+    let kk = g.kh * g.kw;
     let panels = og.div_ceil(CV);
-    let wpd = g.ow + 2;
-    let rows = (SLAB_FLOATS / (cg * wpd)).saturating_sub(2).clamp(1, g.oh);
+    // in place: 1x1, every position inside the input
+    let in_place =
+        kk == 1 && g.pt == 0 && g.pl == 0 && (g.oh - 1) * g.sh < g.h && (g.ow - 1) * g.sw < g.w;
+    // the slab's row width and the rows a block of `r` output rows reads
+    let ws = if in_place {
+        g.w
+    } else {
+        (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    };
+    let rows_in = |r: usize| (r - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+    let rows = if in_place {
+        // the block's input values (cg rows of its positions, spread by the stride) as a slab
+        (SLAB_FLOATS / (cg * g.ow)).clamp(1, g.oh)
+    } else {
+        let fit = SLAB_FLOATS / (cg * ws);
+        (fit.saturating_sub((g.kh - 1) * g.dh + 1) / g.sh + 1).clamp(1, g.oh)
+    };
     let threads = pool.num_threads().max(1);
     let split = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
     let blocks = split.blocks;
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
     let max_rows = g.oh.div_ceil(blocks);
-    let slab_len = cg * (max_rows + 2) * wpd + 8;
-    let nc = cg.div_ceil(cg.div_ceil(SHIFTED_CHANNELS));
-    let lo = g.pl.min(wpd);
-    let hi = (g.pl + g.w).min(wpd);
+    let slab_len = if in_place {
+        0
+    } else {
+        cg * rows_in(max_rows) * ws
+    };
+    let nc = cg.div_ceil(cg.div_ceil((PASS_TAPS / kk).max(1)));
+    // slab column q holds input column q - pl: columns lo..hi are inside the input
+    let lo = g.pl.min(ws);
+    let hi = (g.pl + g.w).min(ws);
     let scratch_len = (max_rows * g.ow).div_ceil(CP * 8) * CP * 8 * CV;
     parallel_for(pool, split.tasks, 1, |range| {
         let mut slab = vec![0f32; slab_len];
         let mut scratch = vec![0f32; scratch_len];
         let mut offs: Vec<usize> = Vec::new();
         let mut tab: Vec<isize> = Vec::new();
-        let mut wbuf = vec![0f32; nc * 9 * CV];
+        let mut wbuf = vec![0f32; nc * kk * CV];
         for t in range {
             let Some((img, grp, bs, panel_range)) = split.task(t) else {
                 continue;
             };
             for b in bs {
                 let (oh0, oh1) = block_rows(b);
-                let rin = oh1 - oh0 + 2;
-                let cs = rin * wpd;
-                for c in 0..cg {
-                    let plane = &xc[(img * g.c + grp * cg + c) * g.h * g.w..][..g.h * g.w];
-                    for r in 0..rin {
-                        let dst = &mut slab[c * cs + r * wpd..][..wpd];
-                        match g.in_row(oh0 + r, 0) {
-                            Some(ih) if hi > lo => {
-                                dst[..lo].fill(0.0);
-                                dst[lo..hi].copy_from_slice(&plane[ih * g.w..][..hi - lo]);
-                                dst[hi..].fill(0.0);
+                let plane0 = (img * g.c + grp * cg) * g.h * g.w;
+                // the block's input: its base, channel stride, and each position's offset
+                let (base, cs) = if in_place {
+                    (&xc[plane0..], g.h * g.w)
+                } else {
+                    let rin = rows_in(oh1 - oh0);
+                    let cs = rin * ws;
+                    for c in 0..cg {
+                        let plane = &xc[plane0 + c * g.h * g.w..][..g.h * g.w];
+                        for r in 0..rin {
+                            let dst = &mut slab[c * cs + r * ws..][..ws];
+                            let ih = (oh0 * g.sh + r).checked_sub(g.pt).filter(|&i| i < g.h);
+                            match ih {
+                                Some(ih) if hi > lo => {
+                                    dst[..lo].fill(0.0);
+                                    dst[lo..hi].copy_from_slice(&plane[ih * g.w..][..hi - lo]);
+                                    dst[hi..].fill(0.0);
+                                }
+                                _ => dst.fill(0.0),
                             }
-                            _ => dst.fill(0.0),
                         }
                     }
-                }
+                    (&slab[..], cs)
+                };
                 let npos = (oh1 - oh0) * g.ow;
+                let first = if in_place { oh0 * g.sh * ws } else { 0 };
                 offs.clear();
-                offs.extend((0..npos).map(|q| q / g.ow * wpd + q % g.ow));
+                offs.extend((0..npos).map(|q| first + q / g.ow * g.sh * ws + q % g.ow * g.sw));
                 tab.clear();
-                tab.extend(
-                    (0..nc * 3).map(|s| ((s / 3 * cs + s % 3 * wpd) * size_of::<f32>()) as isize),
-                );
+                tab.extend((0..nc * kk).map(|s| {
+                    let (c, ki, kj) = (s / kk, s % kk / g.kw, s % g.kw);
+                    ((c * cs + ki * g.dh * ws + kj * g.dw) * size_of::<f32>()) as isize
+                }));
                 for pi in panel_range.clone() {
                     let oc0 = grp * og + pi * CV;
                     let ocn = CV.min(og - pi * CV);
@@ -297,27 +372,32 @@ pub(super) fn cv3x3_f32(
                     }
                     for c0 in (0..cg).step_by(nc) {
                         let ncc = nc.min(cg - c0);
-                        // SAFETY: AVX2 (`shifted3x3_applies`); oc0 + ocn <= o, c0 + ncc <=
-                        // cg, wbuf holds 9 * nc * CV.
+                        // SAFETY: AVX2 (`cv_applies`); oc0 + ocn <= o, c0 + ncc <= cg, wbuf
+                        // holds kk * nc * CV.
                         #[cfg(target_arch = "x86_64")]
                         unsafe {
                             pack_panel(g, wc, oc0, ocn, c0, ncc, &mut wbuf)
                         };
-                        let w = wbuf.as_ptr();
                         for t0 in (0..npos).step_by(CP) {
                             let p: [*const f32; CP] = std::array::from_fn(|j| {
-                                slab[c0 * cs + offs[(t0 + j).min(npos - 1)]..].as_ptr()
+                                base[c0 * cs + offs[(t0 + j).min(npos - 1)]..].as_ptr()
                             });
                             // SAFETY: scratch rows t0..t0 + CP exist (its length is npos
                             // rounded up to CP rows); the panel's weights for channels c0..c0
-                            // + ncc are 27 * ncc * CV floats from w; tab has 3 * nc >= 3 *
-                            // ncc entries; position j's slab values, channel c0 + c, rows r
-                            // + ki, columns x + kj (r < rin - 2, x < ow, ki, kj < 3) are
-                            // inside the cg * cs slab; the CPU has AVX2 and FMA
-                            // (`shifted3x3_applies`).
+                            // + ncc are kk * ncc * CV floats in wbuf; tab has nc * kk >= ncc
+                            // * kk entries; position j's tap (c0 + c, ki, kj) reads `base` at
+                            // (c0 + c) * cs + (its row * sh + ki * dh) * ws + its column * sw
+                            // + kj * dw: a row < rin (in place: < h) and a column < ws, inside
+                            // the block's cg * cs values; the CPU has AVX2 and FMA.
                             #[cfg(target_arch = "x86_64")]
                             unsafe {
-                                tile(3 * ncc, w, tab.as_ptr(), &p, scratch[t0 * CV..].as_mut_ptr())
+                                tile(
+                                    kk * ncc,
+                                    wbuf.as_ptr(),
+                                    tab.as_ptr(),
+                                    &p,
+                                    scratch[t0 * CV..].as_mut_ptr(),
+                                )
                             };
                         }
                     }
