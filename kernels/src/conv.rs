@@ -2037,11 +2037,11 @@ mod depthwise_tests {
     }
 
     /// The path vectorized along output channels (`cv::cv_f32`: a padded copy of the input
-    /// rows, or the input in place, broadcast into 16-channel panels) gives the im2col tiles'
+    /// rows, broadcast into 16-channel panels) gives the im2col tiles'
     /// bits (same fma chains, a -0.0 bias kept) and is within float32 rounding of a float64
     /// reference: tiles spanning rows, several channel passes and row blocks, groups, partial
     /// panels, asymmetric pads and pads wider than the kernel, strides, dilations, kernels from
-    /// 1x1 (padded, and in place at stride 2) to 11x11.
+    /// 1x1 (the path takes them too, though `cv_applies` leaves them to the tiles) to 11x11.
     #[test]
     fn channel_vectorized_path_matches_the_tiles_bit_for_bit_and_a_float64_reference() {
         // (the CPU's own level: other tests force the process-wide one meanwhile)
@@ -2085,11 +2085,10 @@ mod depthwise_tests {
                 [1, 1],
                 [0, 0, 2, 1],
             ),
-            // 1x1 with pads (a padded copy), and 1x1 at stride 2 (in place), 300 channels in
-            // two passes
+            // 1x1 with pads, and 1x1 at stride 2, 300 channels in two passes
             geomk(2, 10, 18, 2, [6, 9], [1, 1], [1, 1], [1, 1], [1, 0, 2, 1]),
             geomk(1, 300, 24, 1, [9, 8], [1, 1], [2, 2], [1, 1], [0, 0, 0, 0]),
-            // 1x1 stride 2 in place, 600 channels: three blocks of output rows
+            // 1x1 stride 2, 600 channels: several blocks of output rows
             geomk(
                 1,
                 600,
