@@ -7,7 +7,8 @@
 //!     target/release/examples/op_loop add f16 2000 time   # best-of-7 elements per second
 //!
 //! (run it with reps 0 and N: the difference / N is one call's count). Single-threaded (the
-//! serial pool), so the count is the kernel's alone.
+//! serial pool), so the count is the kernel's alone; `OP_LOOP_THREADS=2` runs it on a rayon
+//! pool of two threads instead, for thread scaling.
 
 use kernel_core::half::{bf16, f16};
 use kernel_core::{AttrValue, Element, KernelCtx, OwnedTensor, TensorMut, TensorRef};
@@ -100,7 +101,17 @@ fn main() {
         .iter()
         .map(|s| OwnedTensor::zeros(s.dtype, &s.concrete().unwrap()))
         .collect();
-    let pool = &kernel_core::SerialPool;
+    // OP_LOOP_THREADS=N: on a rayon pool of N threads (thread scaling), else serially
+    let threads: usize = std::env::var("OP_LOOP_THREADS").map_or(1, |v| v.parse().unwrap());
+    let rayon_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let pool: &dyn kernel_core::ThreadPool = if threads > 1 {
+        &kernel_core::RayonPool
+    } else {
+        &kernel_core::SerialPool
+    };
     let relu = match polyop_kernels::registry().lookup("relu").unwrap().epilogue {
         Some(kernel_core::EpilogueFn::Unary(f)) => [kernel_core::Epilogue::Unary(f)],
         _ => panic!("relu has a unary epilogue form"),
@@ -115,8 +126,10 @@ fn main() {
             kernel_core::Epilogue::apply_all(&relu, outs[0].as_mut_slice::<f32>().unwrap(), 0);
         }
     };
+    // (a single thread: `install` runs it on the pool's one thread, as serially)
+    let mut run = || rayon_pool.install(&mut run);
     if a.get(4).map(String::as_str) == Some("time") {
-        // The fastest of 7 batches of `reps` calls: elements per second, one thread.
+        // The fastest of 7 batches of `reps` calls: elements per second.
         let best = (0..7)
             .map(|_| {
                 let t = std::time::Instant::now();

@@ -264,6 +264,9 @@ unsafe fn tile(taps: usize, w: *const f32, tab: *const isize, p: &[*const f32; C
     }
 }
 
+/// Output positions a block holds at least (where the layer has them).
+const MIN_BLOCK: usize = 192;
+
 /// Kernel rows (taps) per channel pass: a panel's weights for a pass, `CV` floats a tap, stay
 /// near 16 KiB, in L1 beside the input values the tiles read.
 const PASS_TAPS: usize = 256;
@@ -288,8 +291,13 @@ pub(super) fn cv_f32(
     // the slab's row width and the rows a block of `r` output rows reads
     let ws = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
     let rows_in = |r: usize| (r - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+    // blocks of output rows whose slab fits SLAB_FLOATS, but at least MIN_BLOCK positions:
+    // each block packs every panel's weights again, which a few tiles do not repay (a 512 ->
+    // 512 3x3 stride-2 layer at 7x7 had blocks of 2 or 3 rows)
     let fit = SLAB_FLOATS / (cg * ws);
-    let rows = (fit.saturating_sub((g.kh - 1) * g.dh + 1) / g.sh + 1).clamp(1, g.oh);
+    let rows = (fit.saturating_sub((g.kh - 1) * g.dh + 1) / g.sh + 1)
+        .max(MIN_BLOCK.div_ceil(g.ow))
+        .clamp(1, g.oh);
     let threads = pool.num_threads().max(1);
     let split = split_work(g, g.oh.div_ceil(rows), g.oh, panels, threads, true);
     let blocks = split.blocks;
