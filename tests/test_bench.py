@@ -124,3 +124,23 @@ def test_accuracy_script_reports_polyop_within_its_bounds():
     for case, p_max, p_med, b_max, b_med in rows:
         assert 0 < float(p_max) <= 4.0, (case, p_max)
         assert float(b_max) > 0 and float(b_med) >= 0, case
+
+
+def test_conv_layers_script_runs_every_framework_and_thread_count():
+    # bench/conv_layers.py (conv2d against oneDNN in torch and TensorFlow) in smoke mode: a row
+    # per framework, thread count and layer, each with a time, a ratio and polyop's output
+    # matching the built-in's to float32 rounding (a wrong or zero output fails here)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "conv_layers.py"), "--smoke"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [r.split("|")[1:-1] for r in proc.stdout.splitlines() if r.startswith("| ") and not r.startswith("| framework ")]
+    assert {(r[0].strip(), r[1].strip()) for r in rows} == {
+        (fw, t) for fw in ("torch", "tensorflow") for t in ("1", "2")
+    }, proc.stdout
+    assert len(rows) == 4 * 3, proc.stdout
+    for r in rows:
+        ratio, diff = float(r[5]), float(r[6])
+        assert math.isfinite(ratio) and ratio > 0, r
+        assert diff <= 1e-5, r
