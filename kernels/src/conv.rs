@@ -1968,29 +1968,8 @@ mod depthwise_tests {
         d: [usize; 2],
     ) -> [Geom; 4] {
         // paddings: none, symmetric, asymmetric, wider than the kernel (whole padded rows)
-        [[0, 0, 0, 0], [1, 1, 1, 1], [0, 2, 1, 3], [4, 0, 5, 6]].map(|[pt, pb, pl, pr]| {
-            let out = |len: usize, k: usize, p: usize, s: usize, d: usize| {
-                (len + p - (k - 1) * d - 1) / s + 1
-            };
-            Geom {
-                n: 2,
-                c,
-                h: hw[0],
-                w: hw[1],
-                o: c * og,
-                g: c,
-                kh: k[0],
-                kw: k[1],
-                oh: out(hw[0], k[0], pt + pb, s[0], d[0]),
-                ow: out(hw[1], k[1], pl + pr, s[1], d[1]),
-                sh: s[0],
-                sw: s[1],
-                dh: d[0],
-                dw: d[1],
-                pt,
-                pl,
-            }
-        })
+        [[0, 0, 0, 0], [1, 1, 1, 1], [0, 2, 1, 3], [4, 0, 5, 6]]
+            .map(|p| geomk(2, c, c * og, c, hw, k, s, d, p))
     }
 
     /// A geometry: `n` images, `c` channels in `g` groups, `o` outputs, kernel `k`, stride
