@@ -1405,7 +1405,7 @@ fn bias_panels(g: &Geom, bc: &[f32]) -> Vec<f32> {
 ///
 /// - Where a group's weights outweigh its positions (`og > positions`: the deep layers of a
 ///   network at batch 1) and a block is cheap to prepare again (`cheap_repeat`: the input
-///   read in place, or the shifted path's slab), a task is panel-major: its share of the
+///   read in place, or the channel-vectorized path's padded copy), a task is panel-major: its share of the
 ///   panels over every block of an image, so each thread reads only its part of the weights.
 ///   (Split by positions, every thread streamed all of them: a 256 -> 1024 1x1 layer at
 ///   14x14 ran only 1.65x faster on two threads than on one. With im2col blocks, repeating

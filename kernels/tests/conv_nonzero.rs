@@ -655,8 +655,9 @@ fn conv2d_grouped_1x1_reads_each_group_s_channels() {
 /// conv2d with relu handed to it as an epilogue (what the ONNX Runtime provider runs for a
 /// fused `Conv` + `Relu`) gives exactly the bits of conv2d then relu, and with add (of a
 /// residual, as either operand) then relu the bits of conv2d, add, relu, on every f32 path:
-/// the shifted 3x3 path, 1x1 layers read in place, im2col tiles (stride 2), grouped, and
-/// depthwise (which leaves the epilogue to the call path), serially and on 3 threads; and each
+/// the channel-vectorized path (3x3 at strides 1 and 2, grouped), 1x1 layers read in place,
+/// im2col tiles (1x1 at stride 2), and depthwise (which leaves the epilogue to the call path),
+/// serially and on 3 threads; and each
 /// relu result is relu of a float64 reference within tolerance.
 #[test]
 fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
@@ -693,6 +694,7 @@ fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
         (16, 9, 20, 3, 1, 1, 1),
         (8, 7, 13, 1, 1, 0, 1),
         (6, 11, 10, 3, 2, 1, 1),
+        (6, 11, 10, 1, 2, 0, 1),
         (8, 6, 12, 3, 1, 1, 2),
         (8, 8, 8, 3, 1, 1, 8),
         // more than one run of finished positions per block (`EPILOGUE_RUN`)

@@ -20,9 +20,9 @@ const CV: usize = 16;
 const CP: usize = 6;
 
 /// Whether [`cv_f32`] computes this layer: a kernel larger than 1x1, on a CPU with AVX2 and
-/// FMA. (1x1 layers stay on the im2col tiles, which read the weights in place: here the
-/// per-call packing of a deep layer's weights, and the tile overhead of a layer with few
-/// channels, cost more than the full lanes gain; measured in docs/benchmarks.md.)
+/// FMA. (1x1 layers stay on the im2col tiles: read from channel planes, this path's pass of 256
+/// channels touched 256 lines of input beside its weights and lost; from a position-major copy
+/// it matched the tiles on large layers and lost on small ones; docs/benchmarks.md.)
 /// `POLYOP_CONV_CV=0` turns the path off, to measure it against the tiles; the bits are the
 /// same either way.
 pub(super) fn cv_applies(g: &Geom) -> bool {
