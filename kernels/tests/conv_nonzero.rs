@@ -657,8 +657,8 @@ fn conv2d_grouped_1x1_reads_each_group_s_channels() {
 /// residual, as either operand) then relu the bits of conv2d, add, relu, on every f32 path:
 /// the channel-vectorized path (3x3 at strides 1 and 2, grouped), 1x1 layers read in place,
 /// im2col tiles (1x1 at stride 2), and depthwise (which leaves the epilogue to the call path),
-/// serially and on 3 threads; and each
-/// relu result is relu of a float64 reference within tolerance.
+/// serially and on 3 threads; and each relu result is relu of a float64 reference within
+/// tolerance.
 #[test]
 fn conv2d_with_a_relu_epilogue_is_conv2d_then_relu_bit_for_bit() {
     use kernel_core::call::{run_with_epilogue, CallSite, Phase};
