@@ -171,7 +171,7 @@ KINDS = ("Invalid read", "Invalid write", "definitely lost", "uninitialised", "I
 OURS = re.compile(r"libpolyop_|polyop/_core|_core\.abi3|polyop_kernel|kernel_core")
 total = {k: 0 for k in KINDS}
 ours = []
-once = 0
+once = dropped = 0
 for b in blocks:
     kind = next((k for k in KINDS if k in b[0]), None)
     if kind is None:
@@ -183,6 +183,14 @@ for b in blocks:
         ):
             once += 1  # pyo3 leaks each module function's PyMethodDef once, at import, by design
             continue
+        if kind == "definitely lost" and any("infer_output_shape" in ln for ln in b) and any(
+            "Api>::status" in ln for ln in b
+        ):
+            # ONNX Runtime drops the status a custom op's InferOutputShapeFn returns without
+            # releasing it (custom_ops.cc: `op->InferOutputShapeFn(op, &ctx);`, the result
+            # unused): the error status polyop hands it for a bad node is ONNX Runtime's leak
+            dropped += 1
+            continue
         ours.append((kind, b))
 summary = [ln for ln in lines if "definitely lost:" in ln or "ERROR SUMMARY" in ln]
 print("memcheck: all records (any library):", ", ".join(f"{k}: {v}" for k, v in total.items()))
@@ -193,6 +201,8 @@ for kind, b in ours:
     print()
 print(f"memcheck: {once} one-time import allocation(s) of polyop's _core not counted "
       "(pyo3 PyCFunction::internal_new in PyInit__core: a PyMethodDef per module function)")
+print(f"memcheck: {dropped} shape-inference error status(es) ONNX Runtime dropped unreleased not counted "
+      "(InferOutputShapeFn's result is unused in onnxruntime's custom_ops.cc)")
 print(f"memcheck: {len(ours)} error(s) in polyop's libraries")
 sys.exit(1 if ours else 0)
 PY

@@ -88,6 +88,10 @@ pub unsafe fn register_custom_ops(
     unsafe { register_custom_ops_in_domain(DOMAIN, registry, options, api_base) }
 }
 
+/// Every custom-op domain registered, kept for the process's life (see
+/// [`register_custom_ops_in_domain`]).
+static REGISTERED_DOMAINS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
 /// [`register_custom_ops`] in an author's domain (version 1), e.g. `ai.example`.
 ///
 /// # Safety
@@ -150,8 +154,14 @@ pub unsafe fn register_custom_ops_in_domain(
             }
             // The domain must outlive every session created from `options`; ONNX Runtime does
             // not take ownership, so it is deliberately never released (one small object per
-            // registration).
+            // registration). Its address is kept for the process's life, so that it stays
+            // reachable once the options that listed it are gone (a leak checker counted it
+            // lost or not depending on what the heap happened to hold).
             api.check((api.0.AddCustomOpDomain)(options, domain))?;
+            REGISTERED_DOMAINS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(domain as usize);
         }
         Ok(())
     });
