@@ -381,6 +381,59 @@ def test_conv_relu_runs_as_one_fused_node(tmp_path, monkeypatch):
     np.testing.assert_array_equal(u1.view(np.uint32), y1.view(np.uint32))
 
 
+def test_constant_conv_weights_are_prepacked_with_the_bits_of_weights_fed_at_run_time(
+        tmp_path, monkeypatch, capfd):
+    """A Conv whose weight is a constant initializer gets it packed once, when the session is
+    made (POLYOP_ORT_EP_VERBOSE names each), for the fused chains and single nodes alike, in
+    float32 and float16; a weight fed at run time, and a depthwise layer's (read in place),
+    are not. Every output has the bits of the same model with all weights fed at run time,
+    and matches a NumPy reference."""
+    x, xh = data([1, 12, 9, 9], "float32"), data([1, 12, 9, 9], "float16")
+    w = {"w1": data([20, 12, 3, 3], "float32"), "w2": data([34, 12, 1, 1], "float32"),
+         "w3": data([8, 12, 3, 3], "float32"), "w4": data([12, 1, 3, 3], "float32"),
+         "w5": data([10, 12, 1, 1], "float16")}
+    pads = [1, 1, 1, 1]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=pads),
+        helper.make_node("Relu", ["c1"], ["y1"], name="relu1"),
+        helper.make_node("Conv", ["x", "w2"], ["y2"], name="conv2"),
+        helper.make_node("Conv", ["x", "w3"], ["y3"], name="conv3", pads=pads),
+        helper.make_node("Conv", ["x", "w4"], ["y4"], name="conv4", pads=pads, group=12),
+        helper.make_node("Conv", ["xh", "w5"], ["y5"], name="conv5"),
+    ]
+    outs = [helper.make_tensor_value_info(f"y{i}", TP.FLOAT16 if i == 5 else TP.FLOAT, None)
+            for i in range(1, 6)]
+    ins = [vi("x", "float32", x.shape), vi("xh", "float16", xh.shape)]
+    # w3 is fed at run time in both models; every weight is in the second
+    consts = make(nodes, ins + [vi("w3", "float32", w["w3"].shape)], outs, 17,
+                  [numpy_helper.from_array(v, k) for k, v in w.items() if k != "w3"])
+    fed = make(nodes, ins + [vi(k, "float16" if k == "w5" else "float32", v.shape) for k, v in w.items()],
+               outs, 17)
+    monkeypatch.setenv("POLYOP_ORT_EP_VERBOSE", "1")
+    capfd.readouterr()
+    got, where = run(consts, {"x": x, "xh": xh, "w3": w["w3"]}, tmp_path)
+    log = capfd.readouterr().err
+    assert all(where.get(n.name) == EP for n in nodes), where
+    assert len([k for k in where if k.startswith(EP)]) == 1, where  # conv1 + relu1
+    # conv1 (fused), conv2 and conv5; not conv3 (fed) nor conv4 (depthwise)
+    assert log.count("Conv (version 11) prepacked input(s) [1]") == 3, log
+    want, _ = run(fed, {"x": x, "xh": xh, **w}, tmp_path)
+    assert "prepacked" not in capfd.readouterr().err
+    for g, u in zip(got, want):
+        np.testing.assert_array_equal(g.view(np.uint16 if g.dtype == np.float16 else np.uint32),
+                                      u.view(np.uint16 if u.dtype == np.float16 else np.uint32))
+    x64, xh64 = x.astype(np.float64), xh.astype(np.float64)
+    for out, (xin, k, p, grp, relu, dtype) in zip(got, [
+            (x64, "w1", pads, 1, True, "float32"), (x64, "w2", [0] * 4, 1, False, "float32"),
+            (x64, "w3", pads, 1, False, "float32"), (x64, "w4", pads, 12, False, "float32"),
+            (xh64, "w5", [0] * 4, 1, False, "float16")]):
+        w64 = w[k].astype(np.float64)
+        ref = conv_ref(xin, w64, None, [1, 1], p, [1, 1], grp)
+        scale = conv_ref(np.abs(xin), np.abs(w64), None, [1, 1], p, [1, 1], grp)
+        assert_close(out, np.maximum(ref, 0) if relu else ref, dtype, 2 if dtype == "float16" else 40,
+                     scale=scale)
+
+
 def test_conv_relu_with_a_dynamic_batch_is_fused_and_exact(tmp_path):
     """A Conv + Relu whose batch dim is symbolic is fused too, and gives the bits of the two
     nodes run apart at every batch size."""

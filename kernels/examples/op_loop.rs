@@ -5,6 +5,7 @@
 //!     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!         target/release/examples/op_loop add f16 20
 //!     target/release/examples/op_loop add f16 2000 time   # best-of-7 elements per second
+//!     target/release/examples/op_loop conv:512,7,512,3,1,1,1 f32 10 prepack   # packed weights
 //!
 //! (run it with reps 0 and N: the difference / N is one call's count). Single-threaded (the
 //! serial pool), so the count is the kernel's alone; `OP_LOOP_THREADS=2` runs it on a rayon
@@ -117,9 +118,11 @@ fn main() {
         _ => panic!("relu has a unary epilogue form"),
     };
     let epilogue = name.starts_with("conv_relu:").then_some(&relu[..]);
-    let mut run = || {
+    let mut run = |prepacked: &[(usize, kernel_core::Prepacked)]| {
         let mut outs: Vec<TensorMut> = outputs.iter_mut().map(|o| o.view_mut()).collect();
-        let mut ctx = KernelCtx::new(op, &views, &mut outs, &attrs, pool).with_epilogue(epilogue);
+        let mut ctx = KernelCtx::new(op, &views, &mut outs, &attrs, pool)
+            .with_epilogue(epilogue)
+            .with_prepacked(prepacked);
         op.compute(&mut ctx).unwrap();
         // (an epilogue the kernel left, as the call path would apply it)
         if ctx.take_epilogue().is_some() {
@@ -127,14 +130,41 @@ fn main() {
         }
     };
     // (a single thread: `install` runs it on the pool's one thread, as serially)
-    let mut run = || rayon_pool.install(&mut run);
+    let mut run = |pp: &[(usize, kernel_core::Prepacked)]| rayon_pool.install(|| run(pp));
+    if a.get(4).map(String::as_str) == Some("prepack") {
+        // The op's inputs prepacked as for a constant (ONNX Runtime's initializers: a conv2d
+        // weight) against the same calls without: 9 rounds alternating, best batch of each.
+        let pp: Vec<(usize, kernel_core::Prepacked)> = views
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| Some((i, (op.prepack?)(i, v.as_ref()?, &attrs)?)))
+            .collect();
+        let mut best = [f64::INFINITY; 2];
+        for _ in 0..9 {
+            for (packed, b) in best.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    run(if packed == 1 { &pp } else { &[] });
+                }
+                *b = b.min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+        }
+        println!(
+            "{name} {dt} unpacked {:.1} us prepacked {:.1} us ({} inputs) speed-up {:.3}",
+            best[0] * 1e6,
+            best[1] * 1e6,
+            pp.len(),
+            best[0] / best[1]
+        );
+        return;
+    }
     if a.get(4).map(String::as_str) == Some("time") {
         // The fastest of 7 batches of `reps` calls: elements per second.
         let best = (0..7)
             .map(|_| {
                 let t = std::time::Instant::now();
                 for _ in 0..reps {
-                    run();
+                    run(&[]);
                 }
                 t.elapsed().as_secs_f64() / reps as f64
             })
@@ -155,6 +185,6 @@ fn main() {
         return;
     }
     for _ in 0..reps {
-        run();
+        run(&[]);
     }
 }

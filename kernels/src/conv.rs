@@ -38,6 +38,7 @@ pub fn register(r: &mut Registry) -> Result<()> {
         .doc("2-D convolution: NCHW input, weight [O, C/groups, kH, kW], zero padding (one int, [height, width] or [top, left, bottom, right]), per-axis stride and dilation, grouped and depthwise")
         .infer(conv2d_infer)
         .cpu(conv2d_cpu)
+        .prepack(conv2d_prepack)
         .applies_epilogue()
         // 2-D Conv: `pads` is [top, left, bottom, right] like polyop's four-int padding;
         // `kernel_shape` and `auto_pad` are checked / resolved by `onnx_conv_check`
@@ -811,18 +812,20 @@ fn f32_pos_block(ckk: usize) -> usize {
 }
 
 /// One tile of the f32 path: for rows `r < mr` and columns `j < n`,
-/// `c[r * ldc + j] = fma(a[r * lda + k-1], b[(k-1) * ldb + j], ... fma(a[r * lda], b[j], s))`
+/// `c[r * ldc + j] = fma(a[r * lda + (k-1) * las], b[(k-1) * ldb + j], ... fma(a[r * lda], b[j],
+/// s))`
 /// with `s = bias[r]` when `first`, else the value `c[r * ldc + j]` holds (a previous tile's
 /// result over the preceding kernel rows): every output is one chain of fused multiply-adds
 /// over all its kernel rows in order, starting at its bias, whatever the tiles, the blocks or
 /// the thread — and the same chain at every SIMD level (the AVX2 `vfmadd` and `f32::mul_add`
-/// are both the correctly rounded fusedMultiplyAdd). `a` is `mr` weight rows read in place
-/// (row stride `lda`: a layer's `[O, C/g, KH, KW]` weight as it is, no packed copy: packing a
-/// deep layer's weights on every call cost more than its multiply-adds at 7x7 positions), `b`
-/// a `k x n` panel with row stride `ldb`.
+/// are both the correctly rounded fusedMultiplyAdd). `a` is `mr` weight rows: read in place
+/// (`lda` the row's length, `las` 1: a layer's `[O, C/g, KH, KW]` weight as it is, since
+/// packing a deep layer's weights on every call cost more than its multiply-adds at 7x7
+/// positions), or from a panel prepacked once per session ([`PackedWeight`]: `lda` 1, `las`
+/// `MR`); `b` a `k x n` panel with row stride `ldb`.
 ///
 /// # Safety
-/// `a` must be valid for reads of `a[r * lda + l]` (`r < mr`, `l < k`), `bias` for `MR` reads,
+/// `a` must be valid for reads of `a[r * lda + l * las]` (`r < mr`, `l < k`), `bias` for `MR` reads,
 /// `b` for reads of `b[l * ldb + j]`
 /// (`l < k`, `j < n`), `c` for reads (unless `first`) and writes of `c[r * ldc + j]`
 /// (`r < mr`, `j < n`) that no other thread touches and that overlap no input; `mr <= MR`,
@@ -833,6 +836,7 @@ unsafe fn tile_f32(
     k: usize,
     a: *const f32,
     lda: usize,
+    las: usize,
     b: *const f32,
     ldb: usize,
     c: *mut f32,
@@ -852,26 +856,26 @@ unsafe fn tile_f32(
             // a tail of at most 8 positions (a 7x7 plane's 49th) takes half the work
             match (n == NR, n <= NR / 2, mr) {
                 (true, _, 1) => {
-                    tile_avx2::<true, false, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                    tile_avx2::<true, false, 1>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
                 }
                 (true, _, 2..=3) => {
-                    tile_avx2::<true, false, 3>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                    tile_avx2::<true, false, 3>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
                 }
                 (true, _, _) => {
-                    tile_avx2::<true, false, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                    tile_avx2::<true, false, MR>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
                 }
                 (false, true, 1) => {
-                    tile_avx2::<false, true, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                    tile_avx2::<false, true, 1>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
                 }
                 (false, true, _) => {
-                    tile_avx2::<false, true, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                    tile_avx2::<false, true, MR>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
                 }
                 (false, false, 1) => {
-                    tile_avx2::<false, false, 1>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
+                    tile_avx2::<false, false, 1>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
                 }
-                (false, false, _) => {
-                    tile_avx2::<false, false, MR>(k, a, lda, b, ldb, c, ldc, bias, first, mr, n)
-                }
+                (false, false, _) => tile_avx2::<false, false, MR>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
             }
         }
         return;
@@ -889,7 +893,7 @@ unsafe fn tile_f32(
     for l in 0..k {
         for (r, row) in acc[..mr].iter_mut().enumerate() {
             // SAFETY: l < k and r < mr: inside the weight rows `a` (caller's contract).
-            let av = unsafe { *a.add(r * lda + l) };
+            let av = unsafe { *a.add(r * lda + l * las) };
             for (j, v) in row[..n].iter_mut().enumerate() {
                 // SAFETY: l < k, j < n: inside `b` (caller's contract).
                 *v = av.mul_add(unsafe { *b.add(l * ldb + j) }, *v);
@@ -1021,6 +1025,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     k: usize,
     a: *const f32,
     lda: usize,
+    las: usize,
     b: *const f32,
     ldb: usize,
     c: *mut f32,
@@ -1039,7 +1044,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     let mut bp = b;
     for l in 0..k {
         // SAFETY: `bp` is row l < k of `b`: NR (FULL) or, through the masks, n valid
-        // elements; `rows[r] + l` is element l < k of a weight row (caller's contract).
+        // elements; `rows[r] + l * las` is element l < k of a weight row (caller's contract).
         unsafe {
             let (b0, b1) = if FULL {
                 (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)))
@@ -1052,7 +1057,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
                 )
             };
             for (r, row) in rows.iter().enumerate() {
-                let av = _mm256_broadcast_ss(&*row.add(l));
+                let av = _mm256_broadcast_ss(&*row.add(l * las));
                 acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
                 if !HALF {
                     acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
@@ -1063,6 +1068,116 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     }
     // SAFETY: the caller's contract for `c`.
     unsafe { tile_acc_store::<FULL, HALF>(&acc, c, 8, ldc, mr, m0, m1) };
+}
+
+/// Which f32 path computes a layer: one decision for the kernel ([`conv2d_f32`]) and for its
+/// weights prepacked once per session ([`conv2d_prepack`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum F32Path {
+    /// One input channel per group and fewer than `MR` output channels each: [`depthwise_f32`].
+    Depthwise,
+    /// [`cv::cv_f32`].
+    ChannelVectorized,
+    /// The im2col tiles, [`gemm_tiles_f32`].
+    Tiles,
+}
+
+impl F32Path {
+    /// The path of a layer with a `kh x kw` kernel, `cg` input and `og` output channels per
+    /// group.
+    fn of(kh: usize, kw: usize, cg: usize, og: usize) -> F32Path {
+        if cg == 1 && og < MR {
+            F32Path::Depthwise
+        } else if cv::cv_applies(kh * kw) {
+            F32Path::ChannelVectorized
+        } else {
+            F32Path::Tiles
+        }
+    }
+}
+
+/// A conv2d weight packed once, for a caller that knows it constant (ONNX Runtime's
+/// initializers: [`kernel_core::Prepacked`]), in the order its path's inner loop reads it, so
+/// a call neither repacks it (the channel-vectorized path packed each panel on every call: a
+/// fifth to a third of a 7x7 layer's time) nor reads it across rows (the tiles read `MR` weight
+/// rows a row apart, `C/g * KH * KW` floats: streams that a 1x1 layer's row of 1024 or 2048
+/// floats put in one L1 set). Same values, so the same fma chains and bits as unpacked.
+struct PackedWeight {
+    /// What it was packed from and for: a call uses it only when all match ([`Self::fits`]).
+    shape: Vec<usize>,
+    dtype: DType,
+    groups: usize,
+    path: F32Path,
+    /// [`F32Path::Tiles`]: `[group][panel of MR][ckk][MR]` (output channels past the group's
+    /// zero); [`F32Path::ChannelVectorized`]: `[group][panel of 16][ckk][16]` (the layout
+    /// `cv::pack_panel` makes for one pass, over all of a panel's input channels).
+    data: Vec<f32>,
+}
+
+impl PackedWeight {
+    fn fits(&self, wt: &TensorRef, groups: usize, path: F32Path) -> bool {
+        self.shape == wt.shape
+            && self.dtype == wt.dtype
+            && self.groups == groups
+            && self.path == path
+            && self.data.len() == Self::len(&self.shape, groups, path)
+    }
+
+    /// The packed length of weight `shape` (`[O, C/g, KH, KW]`) in `groups` groups on `path`.
+    fn len(shape: &[usize], groups: usize, path: F32Path) -> usize {
+        let og = shape[0] / groups;
+        let ckk: usize = shape[1..].iter().product();
+        let width = match path {
+            F32Path::Tiles => MR,
+            F32Path::ChannelVectorized => cv::CV,
+            F32Path::Depthwise => 0,
+        };
+        groups * og.div_ceil(width.max(1)) * ckk * width
+    }
+}
+
+/// conv2d's [`kernel_core::PrepackFn`]: its weight (input 1), f32, f16 or bf16, as the path the
+/// layer takes reads it ([`PackedWeight`]); nothing for the depthwise path (it reads the
+/// weights in place), other inputs, or a weight and attributes the kernel would refuse.
+fn conv2d_prepack(input: usize, w: &TensorRef, attrs: &Attrs) -> Option<kernel_core::Prepacked> {
+    let groups = Params::new(attrs).ok()?.groups;
+    let &[o, cg, kh, kw] = &w.shape[..] else {
+        return None;
+    };
+    if input != 1 || groups == 0 || o % groups != 0 || o * cg * kh * kw == 0 {
+        return None;
+    }
+    let (og, ckk) = (o / groups, cg * kh * kw);
+    let path = F32Path::of(kh, kw, cg, og);
+    let wc = match w.dtype {
+        DType::F32 => as_f32::<f32>(w).ok()?,
+        DType::F16 => as_f32::<f16>(w).ok()?,
+        DType::BF16 => as_f32::<bf16>(w).ok()?,
+        _ => return None,
+    };
+    let mut data = vec![0f32; PackedWeight::len(&w.shape, groups, path)];
+    match path {
+        F32Path::Depthwise => return None,
+        F32Path::Tiles => {
+            for (q, panel) in data.chunks_exact_mut(ckk * MR).enumerate() {
+                let (grp, pi) = (q / og.div_ceil(MR), q % og.div_ceil(MR));
+                for r in 0..MR.min(og - pi * MR) {
+                    let row = &wc[(grp * og + pi * MR + r) * ckk..][..ckk];
+                    for (l, &v) in row.iter().enumerate() {
+                        panel[l * MR + r] = v;
+                    }
+                }
+            }
+        }
+        F32Path::ChannelVectorized => cv::pack_weight(&wc, groups, og, cg, kh * kw, &mut data),
+    }
+    Some(Box::new(PackedWeight {
+        shape: w.shape.to_vec(),
+        dtype: w.dtype,
+        groups,
+        path,
+        data,
+    }))
 }
 
 /// conv2d for the types computed in f32 (f32, f16, bf16). Depthwise layers run directly
@@ -1081,10 +1196,11 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     let bias = inputs.get(2).and_then(Option::as_ref);
     let g = Geom::new(x, wt, &Params::new(ctx.attrs)?)?;
     in_ptr::<T>(x)?;
+    let ctx_prepacked = ctx.prepacked::<PackedWeight>(1);
     // A fused elementwise op (`KernelCtx::take_epilogue`) is applied to each finished block of
     // an f32 output in place by the tile paths, while the block is in cache; the depthwise path
     // and the half types leave it to the call path (after the whole output).
-    let depthwise = g.cg() == 1 && g.og() < MR;
+    let depthwise = F32Path::of(g.kh, g.kw, g.cg(), g.og()) == F32Path::Depthwise;
     let epi = if x.dtype == DType::F32 && !depthwise {
         ctx.take_epilogue()
     } else {
@@ -1113,12 +1229,17 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
         Some(o) => OutPtr(o.as_mut_ptr()),
         None => OutPtr(res.as_mut_ptr()),
     };
-    if depthwise {
+    let path = F32Path::of(g.kh, g.kw, g.cg(), g.og());
+    let prepacked = ctx_prepacked
+        .filter(|_| std::env::var_os("NOPP").is_none())
+        .filter(|p| p.fits(wt, g.g, path))
+        .map(|p| &p.data[..]);
+    if path == F32Path::Depthwise {
         depthwise_f32(&g, xc, wc, &bc, &op, pool);
-    } else if cv::cv_applies(&g) {
-        cv::cv_f32(&g, xc, wc, &bc, &op, pool, epi);
+    } else if path == F32Path::ChannelVectorized {
+        cv::cv_f32(&g, xc, wc, prepacked, &bc, &op, pool, epi);
     } else {
-        gemm_tiles_f32(&g, xc, wc, &bc, &op, pool, epi);
+        gemm_tiles_f32(&g, xc, wc, prepacked, &bc, &op, pool, epi);
     }
     if !res.is_empty() {
         T::store(&res, out);
@@ -1491,10 +1612,12 @@ impl Split {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn gemm_tiles_f32(
     g: &Geom,
     xc: &[f32],
     wc: &[f32],
+    prepacked: Option<&[f32]>,
     bc: &[f32],
     op: &OutPtr<f32>,
     pool: &dyn kernel_core::ThreadPool,
@@ -1603,8 +1726,10 @@ fn gemm_tiles_f32(
                             // input element (img * c + grp * ckk + l) * plane + p0 + j < n * c *
                             // plane (l < ckk = c / g channels of group grp, p0 + j < pos = plane);
                             // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
-                            // of each, are read (inside the o * ckk `wc`, checked above), and the
-                            // panel's MR bias entries, inside `bp`; the
+                            // of each, are read (inside the o * ckk `wc`, checked above; or,
+                            // prepacked, entries l0..l0 + k of the panel's [ckk][MR] block, inside
+                            // the g * panels * ckk * MR floats `PackedWeight::fits` checked), and
+                            // the panel's MR bias entries, inside `bp`; the
                             // destination rows oc0..oc0 + mr (< o: the group's channels) at
                             // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
                             // pos output (checked above), and only task t touches those rows
@@ -1612,10 +1737,19 @@ fn gemm_tiles_f32(
                             // p0..p1 (written by the l0 == 0 tile before later ones read it); the
                             // output is neither the input nor a task buffer.
                             unsafe {
+                                let (a, lda, las) = match prepacked {
+                                    Some(pw) => (
+                                        pw.as_ptr().add(((grp * panels + pi) * ckk + l0) * MR),
+                                        1,
+                                        MR,
+                                    ),
+                                    None => (wc.as_ptr().add(oc0 * ckk + l0), ckk, 1),
+                                };
                                 tile_f32(
                                     k,
-                                    wc.as_ptr().add(oc0 * ckk + l0),
-                                    ckk,
+                                    a,
+                                    lda,
+                                    las,
                                     bsrc,
                                     bld,
                                     op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
@@ -1941,7 +2075,7 @@ mod onnx_tests {
 #[cfg(test)]
 mod depthwise_tests {
     use super::*;
-    use kernel_core::{RayonPool, SerialPool};
+    use kernel_core::{AttrValue, KernelCtx, OwnedTensor, RayonPool, SerialPool};
 
     /// Deterministic values in [-1, 1) (a small LCG; no test dependency needed).
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -2087,11 +2221,21 @@ mod depthwise_tests {
             b[0] = -0.0;
             let len = g.n * g.o * g.positions();
             let (mut cv, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
-            cv::cv_f32(&g, &x, &w, &b, &OutPtr(cv.as_mut_ptr()), &RayonPool, None);
+            cv::cv_f32(
+                &g,
+                &x,
+                &w,
+                None,
+                &b,
+                &OutPtr(cv.as_mut_ptr()),
+                &RayonPool,
+                None,
+            );
             gemm_tiles_f32(
                 &g,
                 &x,
                 &w,
+                None,
                 &b,
                 &OutPtr(tiles.as_mut_ptr()),
                 &SerialPool,
@@ -2099,6 +2243,15 @@ mod depthwise_tests {
             );
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&cv), bits(&tiles), "{g:?}");
+            assert_near_f64_reference(&g, &x, &w, &b, &cv);
+        }
+    }
+
+    /// `got` (`[n, o, oh, ow]`) is within float32 rounding of a float64 convolution of `x`,
+    /// `w`, `b` (at most `ckk + 1` roundings of the magnitudes summed).
+    fn assert_near_f64_reference(g: &Geom, x: &[f32], w: &[f32], b: &[f32], got: &[f32]) {
+        {
+            let cv = got;
             let (cg, og) = (g.cg(), g.og());
             for img in 0..g.n {
                 for oc in 0..g.o {
@@ -2129,6 +2282,87 @@ mod depthwise_tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Weights prepacked once for a caller that knows them constant ([`conv2d_prepack`], as
+    /// ONNX Runtime's provider does for initializers) give the bits of the same call unpacked,
+    /// within float32 rounding of a float64 reference, on both paths that read them (the tiles:
+    /// 1x1 layers; the channel-vectorized path: larger kernels, where the CPU has AVX2); the
+    /// kernel reads them (an altered packed copy changes the result), and ignores a form
+    /// packed for another weight shape or group count.
+    #[test]
+    fn prepacked_weights_give_the_unpacked_bits_and_a_float64_reference() {
+        let op = crate::registry().lookup("conv2d").unwrap();
+        // (n, c, h = w, o, kernel, stride, pad, groups)
+        let cases = [
+            // 1x1 at 7x7, read in place: 17 panels (the last of 4 rows), B rows packed
+            (1, 40, 7, 100, 1, 1, 0, 1),
+            // 1x1 at stride 2 (im2col), two groups of 11 outputs
+            (2, 12, 9, 22, 1, 2, 0, 2),
+            // 1x1, 300 channels: two passes over the kernel rows
+            (1, 300, 6, 20, 1, 1, 0, 1),
+            // 3x3: panels of 16, the last of one channel; several channel passes
+            (1, 70, 10, 33, 3, 1, 1, 1),
+            // 5x5 at stride 2 in three groups
+            (2, 12, 11, 12, 5, 2, 2, 3),
+        ];
+        for (n, c, h, o, k, s, p, grp) in cases {
+            let x = OwnedTensor::from_vec(values(n * c * h * h, 1), &[n, c, h, h]).unwrap();
+            let w =
+                OwnedTensor::from_vec(values(o * c / grp * k * k, 2), &[o, c / grp, k, k]).unwrap();
+            let b = OwnedTensor::from_vec(values(o, 3), &[o]).unwrap();
+            let attrs = op
+                .bind_attrs(vec![
+                    ("stride", AttrValue::Int(s as i64)),
+                    ("padding", AttrValue::Int(p as i64)),
+                    ("groups", AttrValue::Int(grp as i64)),
+                ])
+                .unwrap();
+            let run = |prepacked: &[(usize, kernel_core::Prepacked)]| -> Vec<f32> {
+                let ins = [Some(x.view()), Some(w.view()), Some(b.view())];
+                let spec = &op.infer_concrete(&ins, &attrs).unwrap()[0];
+                let mut out = OwnedTensor::zeros(DType::F32, &spec.concrete().unwrap());
+                {
+                    let mut outs = [out.view_mut()];
+                    let mut ctx = KernelCtx::new(op, &ins, &mut outs, &attrs, &RayonPool)
+                        .with_prepacked(prepacked);
+                    (op.cpu)(&mut ctx).unwrap();
+                }
+                out.to_vec::<f32>().unwrap()
+            };
+            let case = format!("{n}x{c}x{h}x{h} -> {o}, {k}x{k}, stride {s}, groups {grp}");
+            let pack = || conv2d_prepack(1, &w.view(), &attrs).expect("a weight to prepack");
+            let plain = run(&[]);
+            let got = run(&[(1, pack())]);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&plain), "{case}");
+            let g = geomk(n, c, o, grp, [h, h], [k, k], [s, s], [1, 1], [p; 4]);
+            let (xs, ws) = (x.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+            assert_near_f64_reference(&g, &xs, &ws, &b.to_vec::<f32>().unwrap(), &got);
+            // the kernel computes from the packed copy: its first weight (output channel 0,
+            // kernel row 0 on either layout) altered changes output channel 0
+            let mut altered = pack();
+            altered.downcast_mut::<PackedWeight>().unwrap().data[0] += 1.0;
+            assert_ne!(bits(&run(&[(1, altered)])), bits(&plain), "{case}");
+            // a form packed for one more output channel, or for another group count, does
+            // not fit this weight: computed from the weight itself
+            let w2 = OwnedTensor::from_vec(
+                values((o + grp) * c / grp * k * k, 2),
+                &[o + grp, c / grp, k, k],
+            )
+            .unwrap();
+            let other = conv2d_prepack(1, &w2.view(), &attrs).unwrap();
+            assert_eq!(bits(&run(&[(1, other)])), bits(&plain), "{case}");
+            if grp > 1 {
+                let one = op.bind_attrs(vec![("groups", AttrValue::Int(1))]).unwrap();
+                let wide = OwnedTensor::from_vec(values(o * c * k * k, 2), &[o, c, k, k]).unwrap();
+                let mut other = conv2d_prepack(1, &wide.view(), &one).unwrap();
+                // (same shape as `w` but packed for one group)
+                let pw = other.downcast_mut::<PackedWeight>().unwrap();
+                pw.shape = w.view().shape.to_vec();
+                assert_eq!(bits(&run(&[(1, other)])), bits(&plain), "{case}");
             }
         }
     }
@@ -2175,6 +2409,7 @@ mod depthwise_tests {
                 &geo,
                 &x,
                 &wt,
+                None,
                 &b,
                 &OutPtr(got.as_mut_ptr()),
                 &RayonPool,
@@ -2237,6 +2472,7 @@ mod depthwise_tests {
                     &g,
                     &x,
                     &w,
+                    None,
                     &b,
                     &OutPtr(tiles.as_mut_ptr()),
                     &RayonPool,

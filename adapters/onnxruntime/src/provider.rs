@@ -101,6 +101,17 @@ fn fusion_enabled() -> bool {
     std::env::var("POLYOP_ORT_EP_FUSE").map_or(true, |v| v.trim() != "0")
 }
 
+/// Under `POLYOP_ORT_EP_VERBOSE`: which inputs of a kernel being made were prepacked.
+fn report_prepacked(claim: &Claim, site: &CallSite) {
+    if verbose() && !site.prepacked.is_empty() {
+        let inputs: Vec<usize> = site.prepacked.iter().map(|(i, _)| *i).collect();
+        eprintln!(
+            "polyop EP: {} (version {}) prepacked input(s) {inputs:?}",
+            claim.map.op_type, claim.version
+        );
+    }
+}
+
 fn status(api: Api, e: &Error) -> Status {
     api.status(e)
 }
@@ -885,6 +896,23 @@ unsafe fn spec_of(
 ///
 /// # Safety
 /// `v` is a live tensor value.
+/// Call `f` with a view of constant value `v` (a dense tensor of a dtype polyop has).
+///
+/// # Safety
+/// `v` is a live tensor value for the duration of this call.
+unsafe fn with_const_view(api: Api, v: *const OrtValue, f: &mut dyn FnMut(&TensorRef)) {
+    // SAFETY: this function's contract.
+    let Ok((et, shape)) = (unsafe { api.value_type_shape(v) }) else {
+        return;
+    };
+    // SAFETY: as above.
+    let (Some(dtype), Ok(data)) = (ONNX_DTYPES.dtype(et), unsafe { api.tensor_data(v) }) else {
+        return;
+    };
+    // SAFETY: a dense buffer of the shape's elements of `dtype`, alive as long as `v`.
+    f(&unsafe { TensorRef::from_raw_contiguous(dtype, shape, data) });
+}
+
 unsafe fn int_values(api: Api, v: *const OrtValue) -> Option<Vec<i64>> {
     // SAFETY: this function's contract.
     let (et, shape) = unsafe { api.value_type_shape(v) }.ok()?;
@@ -991,6 +1019,21 @@ impl OnnxNode for GraphNode {
         read_one(OpAttrs(api, get), name, ty)
     }
     fn const_ints(&self, i: usize) -> Option<Vec<i64>> {
+        // SAFETY: the initializer value belongs to the graph, live during this call.
+        self.const_value(i)
+            .and_then(|v| unsafe { int_values(self.api, v) })
+    }
+    fn const_tensor(&self, i: usize, f: &mut dyn FnMut(&TensorRef)) {
+        if let Some(v) = self.const_value(i) {
+            // SAFETY: as above.
+            unsafe { with_const_view(self.api, v, f) };
+        }
+    }
+}
+
+impl GraphNode {
+    /// Input `i`'s value when it is a constant initializer (owned by the graph).
+    fn const_value(&self, i: usize) -> Option<*const OrtValue> {
         let vi = *self.inputs.get(i)?;
         if vi.is_null() {
             return None;
@@ -1012,10 +1055,7 @@ impl OnnxNode for GraphNode {
             self.api
                 .check(ptrs((self.ext.ValueInfo_GetInitializerValue)(vi, &mut v)))
                 .ok()?;
-            if v.is_null() {
-                return None;
-            }
-            int_values(self.api, v)
+            (!v.is_null()).then_some(v)
         }
     }
 }
@@ -1048,6 +1088,21 @@ impl OnnxNode for InfoNode {
         unsafe { kernel_info_attr(self.api, self.info, name, ty) }
     }
     fn const_ints(&self, i: usize) -> Option<Vec<i64>> {
+        // SAFETY: the constant value belongs to the session.
+        self.const_value(i)
+            .and_then(|v| unsafe { int_values(self.api, v) })
+    }
+    fn const_tensor(&self, i: usize, f: &mut dyn FnMut(&TensorRef)) {
+        if let Some(v) = self.const_value(i) {
+            // SAFETY: as above.
+            unsafe { with_const_view(self.api, v, f) };
+        }
+    }
+}
+
+impl InfoNode {
+    /// Input `i`'s value when it is a constant initializer (owned by the session).
+    fn const_value(&self, i: usize) -> Option<*const OrtValue> {
         let mut is_const: c_int = 0;
         let mut v: *const OrtValue = ptr::null();
         // SAFETY: as above; the constant value belongs to the session.
@@ -1060,10 +1115,7 @@ impl OnnxNode for InfoNode {
                     &mut v,
                 ))
                 .ok()?;
-            if is_const == 0 || v.is_null() {
-                return None;
-            }
-            int_values(self.api, v)
+            (is_const != 0 && !v.is_null()).then_some(v)
         }
     }
 }
@@ -1096,7 +1148,10 @@ unsafe extern "system" fn create_kernel(
                 claim.map.op_type, claim.version
             ))
         })?;
-        let site = CallSite::new(plan.attrs.clone());
+        let mut site = CallSite::new(plan.attrs.clone());
+        // the op's own forms of constant inputs (a convolution's weights), made once
+        site.prepacked = plan.prepack(claim.op, &node);
+        report_prepacked(claim, &site);
         let k = Box::new(Kernel {
             base: OrtKernelImpl {
                 ort_version_supported: EP_API_VERSION,
@@ -1324,6 +1379,12 @@ unsafe fn compile_one(
         members[pi].0,
         members[pi].1.take().ok_or_else(|| bad("plan"))?,
     );
+    // the producer's own forms of its constant inputs, while its plan still numbers them as
+    // the node's
+    // SAFETY: the producer node is live for this call.
+    let prepacked = plan.prepack(claim.op, &unsafe {
+        GraphNode::new(fa, nodes[pi], claim.version)
+    }?);
     for j in plan.inputs.iter_mut() {
         *j = match j.and_then(|j| members[pi].2.get(j).cloned().flatten()) {
             None => None,
@@ -1362,7 +1423,9 @@ unsafe fn compile_one(
                 .flatten()
                 .ok_or_else(|| bad("no output"))?;
     }
-    let site = CallSite::new(plan.attrs.clone());
+    let mut site = CallSite::new(plan.attrs.clone());
+    site.prepacked = prepacked;
+    report_prepacked(claim, &site);
     Ok(Box::new(FusedNode {
         base: OrtNodeComputeInfo {
             ort_version_supported: EP_API_VERSION,

@@ -67,6 +67,9 @@ impl<T> Bounded<T> {
 pub struct CallSite {
     pub attrs: Attrs,
     pub infer: InferCache,
+    /// The kernel's own forms of inputs constant at this site (ONNX Runtime's constant
+    /// initializers), by tensor input ([`crate::op::Prepacked`]).
+    pub prepacked: Vec<(usize, crate::op::Prepacked)>,
 }
 
 impl CallSite {
@@ -74,6 +77,7 @@ impl CallSite {
         CallSite {
             attrs,
             infer: InferCache::new(),
+            prepacked: Vec::new(),
         }
     }
     /// A site for a single call: nothing is cached.
@@ -81,6 +85,7 @@ impl CallSite {
         CallSite {
             attrs,
             infer: InferCache::disabled(),
+            prepacked: Vec::new(),
         }
     }
 }
@@ -326,7 +331,8 @@ pub fn run_with_epilogue<'t>(
             {
                 let mut none: [TensorMut; 0] = [];
                 let mut ctx = KernelCtx::new(op, inputs, &mut none, &site.attrs, pool)
-                    .with_allocator(&mut tracked);
+                    .with_allocator(&mut tracked)
+                    .with_prepacked(&site.prepacked);
                 (op.cpu)(&mut ctx)?;
             }
             return match tracked.done.iter().position(|d| !d) {
@@ -400,7 +406,8 @@ pub fn run_with_epilogue<'t>(
             }
         }
         let mut ctx = KernelCtx::new(op, inputs, &mut views, &site.attrs, pool)
-            .with_epilogue((!epilogue.is_empty()).then_some(epilogue));
+            .with_epilogue((!epilogue.is_empty()).then_some(epilogue))
+            .with_prepacked(&site.prepacked);
         (op.cpu)(&mut ctx)?;
         if ctx.take_epilogue().is_some() {
             for v in views.iter_mut() {

@@ -37,7 +37,8 @@ pub use fpenv::KernelFpEnv;
 pub use onnx::{OnnxAttr, OnnxInput, OnnxLayout, OnnxNode, OnnxOp, OnnxPlan};
 pub use op::{
     camel_case, Backward, BwdInput, Epilogue, EpilogueFn, InferCtx, Inferred, KernelCtx, OpBuilder,
-    OpDef, OpFlags, OutputAllocator, Registry, ShapeOut, TensorSpec, TypeRule,
+    OpDef, OpFlags, OutputAllocator, PrepackFn, Prepacked, Registry, ShapeOut, TensorSpec,
+    TypeRule,
 };
 pub use parallel::{
     available_threads, default_pool, parallel_for, run_c_job, run_tasks, CJob, PanicSlot,

@@ -192,6 +192,9 @@ pub trait OnnxNode {
     fn attr(&self, name: &str, ty: &ArgType) -> Option<AttrValue>;
     /// The values of input `i` when it is a constant integer initializer.
     fn const_ints(&self, i: usize) -> Option<Vec<i64>>;
+    /// Call `f` with input `i`'s value when it is a constant initializer (for
+    /// [`OnnxPlan::prepack`]); the default knows of none.
+    fn const_tensor(&self, _i: usize, _f: &mut dyn FnMut(&crate::TensorRef)) {}
 }
 
 /// How to run one claimed node: the op's attributes, which node input feeds each of the op's
@@ -210,6 +213,30 @@ pub struct OnnxPlan {
 }
 
 impl OnnxPlan {
+    /// The op's prepacked forms ([`crate::op::PrepackFn`]) of the node's constant inputs, for
+    /// the call site that runs the node ([`crate::CallSite::prepacked`]); none for an op
+    /// without prepacking, a plan that views its tensors flattened, or one with attributes
+    /// read at run time (its attributes here are placeholders).
+    pub fn prepack(&self, op: &OpDef, node: &dyn OnnxNode) -> Vec<(usize, crate::op::Prepacked)> {
+        let mut out = Vec::new();
+        let Some(f) = op
+            .prepack
+            .filter(|_| self.flatten_axis.is_none() && self.runtime_ints.is_empty())
+        else {
+            return out;
+        };
+        for (i, j) in self.inputs.iter().enumerate() {
+            if let Some(j) = *j {
+                node.const_tensor(j, &mut |t| {
+                    if let Some(p) = f(i, t, &self.attrs) {
+                        out.push((i, p));
+                    }
+                });
+            }
+        }
+        out
+    }
+
     /// The attributes with the run-time values of [`OnnxPlan::runtime_ints`] (in that order),
     /// bound to `op`'s schema.
     pub fn attrs_with(&self, op: &OpDef, values: &[i64]) -> crate::Result<Attrs> {

@@ -133,7 +133,23 @@ pub struct KernelCtx<'a, 'b> {
     /// Elementwise ops to apply to the output (see [`Epilogue`]), until the kernel takes them
     /// ([`KernelCtx::take_epilogue`]); the call path applies those left here afterwards.
     epilogue: Option<&'b [Epilogue<'a>]>,
+    /// The kernel's own forms of constant inputs, made once for the call site
+    /// ([`OpDef::prepack`], [`KernelCtx::prepacked`]).
+    prepacked: &'a [(usize, Prepacked)],
 }
+
+/// A kernel's own form of one of its inputs (a convolution's weights in the order its inner
+/// loop reads them), made once by the op's [`PrepackFn`] for an input a caller knows to be
+/// constant (ONNX Runtime's constant initializers), kept with the call site and handed to
+/// every call ([`KernelCtx::prepacked`]).
+pub type Prepacked = Box<dyn std::any::Any + Send + Sync>;
+
+/// An op's prepacking ([`OpBuilder::prepack`]): tensor input `input`'s constant value under the
+/// call's attributes -> the kernel's form of it, or `None` when the kernel has none for it.
+/// The kernel must check that a prepacked form fits the input it is called with (shape,
+/// dtype, attributes) and compute from the input itself when not, so a result never depends on
+/// whether the input was prepacked.
+pub type PrepackFn = fn(input: usize, value: &TensorRef, attrs: &Attrs) -> Option<Prepacked>;
 
 /// An elementwise op's in-place f32 form, declared by the op with [`OpBuilder::epilogue`]:
 /// `relu` is `Unary`, `add` is `Binary` (`f(out, other, out_first)`: `out[i] = out[i] op
@@ -198,7 +214,21 @@ impl<'a, 'b> KernelCtx<'a, 'b> {
             pool,
             allocator: None,
             epilogue: None,
+            prepacked: &[],
         }
+    }
+    /// Hand the kernel the prepacked forms of its constant inputs (see [`Prepacked`]).
+    pub fn with_prepacked(mut self, prepacked: &'a [(usize, Prepacked)]) -> Self {
+        self.prepacked = prepacked;
+        self
+    }
+    /// The prepacked form of tensor input `input`, if the caller has one of type `P` (which
+    /// the kernel must still check against the input: [`PrepackFn`]).
+    pub fn prepacked<P: 'static>(&self, input: usize) -> Option<&'a P> {
+        self.prepacked
+            .iter()
+            .find(|(i, _)| *i == input)
+            .and_then(|(_, p)| p.downcast_ref::<P>())
     }
     /// Ask the kernel to apply `epilogue` to its output (see [`Epilogue`]).
     pub fn with_epilogue(mut self, epilogue: Option<&'b [Epilogue<'a>]>) -> Self {
@@ -312,6 +342,8 @@ pub struct OpDef {
     /// Its in-place f32 form, for fusing into the op that produces its input ([`EpilogueFn`]);
     /// only for an op with one (`Unary`) or two (`Binary`) tensor inputs and no attributes.
     pub epilogue: Option<EpilogueFn>,
+    /// Its kernel's own form of a constant input ([`PrepackFn`]).
+    pub prepack: Option<PrepackFn>,
 }
 
 impl std::fmt::Debug for OpDef {
@@ -353,6 +385,7 @@ pub struct OpBuilder {
     sharding: Option<ShardFn>,
     onnx: Vec<crate::onnx::OnnxOp>,
     epilogue: Option<EpilogueFn>,
+    prepack: Option<PrepackFn>,
 }
 
 impl OpDef {
@@ -382,6 +415,7 @@ impl OpDef {
             sharding: None,
             onnx: Vec::new(),
             epilogue: None,
+            prepack: None,
         }
     }
 
@@ -761,6 +795,11 @@ impl OpBuilder {
         self.epilogue = Some(f);
         self
     }
+    /// Its kernel's own form of constant inputs ([`PrepackFn`]).
+    pub fn prepack(mut self, f: PrepackFn) -> Self {
+        self.prepack = Some(f);
+        self
+    }
     /// Its kernel applies a caller's epilogue to its f32 output ([`OpFlags::applies_epilogue`]).
     pub fn applies_epilogue(mut self) -> Self {
         self.flags.applies_epilogue = true;
@@ -868,6 +907,7 @@ impl OpBuilder {
             sharding: self.sharding,
             onnx: self.onnx,
             epilogue: self.epilogue,
+            prepack: self.prepack,
         })
     }
 }

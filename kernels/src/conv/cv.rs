@@ -15,19 +15,20 @@ use crate::common::with_scratch;
 use kernel_core::{parallel_for, Epilogue};
 
 /// Output channels per panel (two AVX2 vectors).
-const CV: usize = 16;
+pub(super) const CV: usize = 16;
 /// Output positions per tile.
 const CP: usize = 6;
 
-/// Whether [`cv_f32`] computes this layer: a kernel larger than 1x1, on a CPU with AVX2 and
+/// Whether [`cv_f32`] computes a layer whose kernel has `kernel_taps` (`kh * kw`) taps, not
+/// depthwise: a kernel larger than 1x1, on a CPU with AVX2 and
 /// FMA. (1x1 layers stay on the im2col tiles: read from channel planes, this path's pass of 256
 /// channels touched 256 lines of input beside its weights and lost; from a position-major copy
 /// it matched the tiles on large layers and lost on small ones; docs/benchmarks.md.)
 /// `POLYOP_CONV_CV=0` turns the path off, to measure it against the tiles; the bits are the
 /// same either way.
-pub(super) fn cv_applies(g: &Geom) -> bool {
+pub(super) fn cv_applies(kernel_taps: usize) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    g.kh * g.kw > 1
+    kernel_taps > 1
         && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
         && !*OFF.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "0"))
 }
@@ -67,15 +68,15 @@ fn transpose8(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m25
 
 /// The weights of output channels `oc0..oc0 + ocn` (`ocn <= CV`), input channels `c0..c0 +
 /// ncc` of their group, as one panel `[c][ki * kw + kj][CV]` in `dst` (channels past `ocn`
-/// zero): the layout [`tile`] reads.
+/// zero): the layout [`tile`] reads. `kk`: the kernel's taps (`kh * kw`); `ckk`: a weight
+/// row's length (`C/g * kk`).
 ///
 /// # Safety
-/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `kh * kw * ncc *
-/// CV`.
+/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `kk * ncc * CV`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn pack_panel(
-    g: &Geom,
+    (kk, ckk): (usize, usize),
     wc: &[f32],
     oc0: usize,
     ocn: usize,
@@ -84,8 +85,7 @@ fn pack_panel(
     dst: &mut [f32],
 ) {
     use std::arch::x86_64::*;
-    let kk = g.kh * g.kw;
-    let (ckk, len) = (g.ckk(), ncc * kk);
+    let len = ncc * kk;
     let dst = &mut dst[..len * CV];
     let src = |i: usize| &wc[(oc0 + i) * ckk + c0 * kk..][..len];
     let whole = len / 8 * 8;
@@ -110,6 +110,46 @@ fn pack_panel(
         for i in 0..CV {
             dst[l * CV + i] = if i < ocn { src(i)[l] } else { 0.0 };
         }
+    }
+}
+
+/// A layer's whole weight (`wc`, `[O, cg, kh, kw]` in `groups` groups of `og` output channels,
+/// `kk = kh * kw`) as [`cv_f32`] reads it, into `dst`: `[group][panel of CV][cg * kk][CV]`,
+/// each panel the one [`pack_panel`] makes for all its input channels (a pass over channels
+/// `c0..` starts at tap `c0 * kk` of it). Packed once for a caller that knows the weight
+/// constant (`super::PackedWeight`).
+pub(super) fn pack_weight(
+    wc: &[f32],
+    groups: usize,
+    og: usize,
+    cg: usize,
+    kk: usize,
+    dst: &mut [f32],
+) {
+    let (ckk, panels) = (cg * kk, og.div_ceil(CV));
+    assert_eq!(wc.len(), groups * og * ckk, "conv2d weight length");
+    assert_eq!(
+        dst.len(),
+        groups * panels * ckk * CV,
+        "packed weight length"
+    );
+    assert!(cv_applies(kk), "a layer this path does not compute");
+    for (q, panel) in dst.chunks_exact_mut(ckk * CV).enumerate() {
+        let (grp, pi) = (q / panels, q % panels);
+        // SAFETY: AVX2 (`cv_applies`); output channels grp * og + pi * CV.. (+ at most CV,
+        // within the group's og) < o, input channels 0..cg, and `panel` holds kk * cg * CV.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            pack_panel(
+                (kk, ckk),
+                wc,
+                grp * og + pi * CV,
+                CV.min(og - pi * CV),
+                0,
+                cg,
+                panel,
+            )
+        };
     }
 }
 
@@ -276,10 +316,12 @@ const PASS_TAPS: usize = 256;
 /// (im2col wrote each input value once per tap). A position's tap
 /// (channel `c`, kernel row `ki`, column `kj`) is then at a fixed offset from the position's
 /// own start: `c * cs + ki * dh * ws + kj * dw`, whatever the stride.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn cv_f32(
     g: &Geom,
     xc: &[f32],
     wc: &[f32],
+    prepacked: Option<&[f32]>,
     bc: &[f32],
     op: &OutPtr<f32>,
     pool: &dyn kernel_core::ThreadPool,
@@ -359,11 +401,21 @@ pub(super) fn cv_f32(
                         }
                         for c0 in (0..cg).step_by(nc) {
                             let ncc = nc.min(cg - c0);
-                            // SAFETY: AVX2 (`cv_applies`); oc0 + ocn <= o, c0 + ncc <= cg, wbuf
-                            // holds kk * nc * CV.
-                            #[cfg(target_arch = "x86_64")]
-                            unsafe {
-                                pack_panel(g, wc, oc0, ocn, c0, ncc, wbuf)
+                            // the pass's weights: prepacked (the panel's taps from c0 * kk
+                            // on), or packed now into `wbuf`
+                            let wp = match prepacked {
+                                Some(pw) => pw[((grp * panels + pi) * cg + c0) * kk * CV..]
+                                    [..ncc * kk * CV]
+                                    .as_ptr(),
+                                None => {
+                                    // SAFETY: AVX2 (`cv_applies`); oc0 + ocn <= o, c0 + ncc <=
+                                    // cg, wbuf holds kk * nc * CV.
+                                    #[cfg(target_arch = "x86_64")]
+                                    unsafe {
+                                        pack_panel((kk, g.ckk()), wc, oc0, ocn, c0, ncc, wbuf)
+                                    };
+                                    wbuf.as_ptr()
+                                }
                             };
                             for t0 in (0..npos).step_by(CP) {
                                 let p: [*const f32; CP] = std::array::from_fn(|j| {
@@ -371,7 +423,8 @@ pub(super) fn cv_f32(
                                 });
                                 // SAFETY: scratch rows t0..t0 + CP exist (its length is npos
                                 // rounded up to CP rows); the panel's weights for channels c0..c0
-                                // + ncc are kk * ncc * CV floats in wbuf; tab has nc * kk >= ncc
+                                // + ncc are kk * ncc * CV floats at wp (in wbuf, or a
+                                // bounds-checked slice of the prepacked panel); tab has nc * kk >= ncc
                                 // * kk entries; position j's tap (c0 + c, ki, kj) reads the slab
                                 // at (c0 + c) * cs + (its row * sh + ki * dh) * ws + its column *
                                 // sw + kj * dw: a row < rin and a column < ws, inside the block's
@@ -380,7 +433,7 @@ pub(super) fn cv_f32(
                                 unsafe {
                                     tile(
                                         kk * ncc,
-                                        wbuf.as_ptr(),
+                                        wp,
                                         tab.as_ptr(),
                                         &p,
                                         scratch[t0 * CV..].as_mut_ptr(),
