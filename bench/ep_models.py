@@ -5,7 +5,8 @@ The real-architecture models the ``onnx`` wheel ships under ``onnx/backend/test/
 transformer block (RMSNormalization, MatMul, Softmax, Gelu, Add: nothing polyop-specific), each
 run in one process through two sessions: ONNX Runtime's CPU provider alone, and polyop's
 provider first with the CPU provider taking every node polyop does not claim. Runs alternate
-between the two sessions sample by sample; the figure is the median. A profiled run of each
+between the two sessions sample by sample, with a pause between (`PAUSE`: each session's
+threads spin after its runs); the figure is the median. A profiled run of each
 session gives the time per op type and where each node ran.
 
     .venv/bin/python bench/ep_models.py                 # prints the markdown section
@@ -41,6 +42,11 @@ MODELS = ["squeezenet", "shufflenet", "resnet50", "inception_v1", "inception_v2"
 QUICK_MODELS = ["squeezenet", "shufflenet", "resnet50"]
 EP = "PolyopExecutionProvider"
 THREADS = 2
+#: Seconds between one session's batch of runs and the other's. Each session has its own
+#: intra-op pool, whose threads spin for a while after a run: without a pause, the session
+#: timed next shared the cores with them (a chain of six 1x1 convolutions ran 1.8x slower
+#: on either provider, and the ratio moved by a fifth).
+PAUSE = 0.1
 
 
 def randomized(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -183,6 +189,7 @@ def measure(name: str, model: onnx.ModelProto, feeds: dict, samples: int, min_ti
     t_with, t_without = [], []
     for _ in range(samples):
         for sess, acc in ((without, t_without), (with_ep, t_with)):
+            time.sleep(PAUSE)
             t0 = time.perf_counter()
             for _ in range(reps):
                 sess.run(None, feeds)
@@ -221,7 +228,8 @@ def markdown(results: list[dict]) -> str:
         "## ONNX Runtime execution provider: whole models",
         "",
         "Unmodified models through `polyop.onnxruntime.provider_session_options()` against ONNX "
-        "Runtime's CPU provider alone, same process, runs alternating between the two sessions "
+        "Runtime's CPU provider alone, same process, runs alternating between the two sessions with "
+        f"a {PAUSE} s pause before each batch (each session's threads spin after its runs) "
         f"(median; {THREADS} intra-op threads; weights random). **speed-up = time without polyop / "
         "time with polyop** (> 1.00: the model is faster with polyop). claimed / claimable: nodes of "
         "a type polyop implements that ran on `PolyopExecutionProvider` / all of them that ran "
@@ -278,6 +286,7 @@ def fusion_ab(names: list[str], samples: int, min_time: float = 0.3) -> list[dic
         times = {"fused": [], "unfused": []}
         for _ in range(samples):
             for k, s in (("fused", fused), ("unfused", plain)):
+                time.sleep(PAUSE)
                 t0 = time.perf_counter()
                 for _ in range(reps):
                     s.run(None, feeds)
