@@ -1180,6 +1180,86 @@ fn conv2d_prepack(input: usize, w: &TensorRef, attrs: &Attrs) -> Option<kernel_c
     }))
 }
 
+/// Columns (output positions) of a block's last tile at most this many: [`tail_avx2`].
+const TAIL_COLS: usize = 2;
+
+/// The last one or two output positions of a block (`N` columns: a 7x7 plane's 49th, after
+/// three tiles of 16) for up to `P` panels of prepacked weights (`[l][MR]`, [`PackedWeight`]),
+/// vectorized along each panel's `MR` output channels instead of positions: a tile spent a
+/// vector of 8 lanes per output channel on the one position. Panel `q` reads weights from
+/// `a[q]` (entry `l * MR + r`), writes rows `r < mr[q]` of `c[q]` (row stride `ldc`, columns
+/// `j < N`), starting from `bias[q]` (`first`) or the values there; `b` is `k` rows of stride
+/// `ldb`. Each output is the same chain as in [`tile_f32`] (`fma(w, x, acc)` over `l` in
+/// order), so the bits do not change.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; for `q < P`: `a[q]` valid for `k * MR` reads, `bias[q]` for
+/// `MR`, rows `r < mr[q] <= MR` of `c[q]` for reads (unless `first`) and writes of `N` values
+/// that no other thread touches and no input overlaps; `b` for reads of `b[l * ldb + j]` (`l <
+/// k`, `j < N`). (A caller with fewer than `P` panels repeats one, with `mr` 0.)
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tail_avx2<const N: usize, const P: usize>(
+    k: usize,
+    a: [*const f32; P],
+    b: *const f32,
+    ldb: usize,
+    c: [*mut f32; P],
+    ldc: usize,
+    bias: [*const f32; P],
+    first: bool,
+    mr: [usize; P],
+) {
+    use std::arch::x86_64::*;
+    let m = lane_mask(MR, 0);
+    let mut acc = [[_mm256_setzero_ps(); N]; P];
+    for (q, row) in acc.iter_mut().enumerate() {
+        for (j, acc) in row.iter_mut().enumerate() {
+            let mut t = [0f32; 8];
+            for (r, v) in t.iter_mut().enumerate().take(MR) {
+                // SAFETY: r < MR entries of the bias panel; r < mr[q] rows of `c[q]`, column
+                // j < N (this function's contract).
+                *v = unsafe {
+                    if first {
+                        *bias[q].add(r)
+                    } else if r < mr[q] {
+                        *c[q].add(r * ldc + j)
+                    } else {
+                        0.0
+                    }
+                };
+            }
+            // SAFETY: 8 floats of `t`.
+            *acc = unsafe { _mm256_loadu_ps(t.as_ptr()) };
+        }
+    }
+    for l in 0..k {
+        // SAFETY: l < k rows of `b`, columns j < N; entries l * MR .. + MR of each panel,
+        // through the mask (this function's contract).
+        unsafe {
+            let x: [__m256; N] = std::array::from_fn(|j| _mm256_broadcast_ss(&*b.add(l * ldb + j)));
+            for (row, aq) in acc.iter_mut().zip(a) {
+                let w = _mm256_maskload_ps(aq.add(l * MR), m);
+                for (acc, xj) in row.iter_mut().zip(x) {
+                    *acc = _mm256_fmadd_ps(w, xj, *acc);
+                }
+            }
+        }
+    }
+    for (q, row) in acc.iter().enumerate() {
+        for (j, acc) in row.iter().enumerate() {
+            let mut t = [0f32; 8];
+            // SAFETY: 8 floats of `t`.
+            unsafe { _mm256_storeu_ps(t.as_mut_ptr(), *acc) };
+            for (r, v) in t.iter().enumerate().take(mr[q]) {
+                // SAFETY: r < mr[q] rows of `c[q]`, column j < N (this function's contract).
+                unsafe { *c[q].add(r * ldc + j) = *v };
+            }
+        }
+    }
+}
+
 /// conv2d for the types computed in f32 (f32, f16, bf16). Depthwise layers run directly
 /// ([`depthwise_f32`]). Every other layer with a kernel larger than 1x1, on a CPU with AVX2
 /// and FMA, runs vectorized along output channels from a padded copy of its input rows
@@ -1713,6 +1793,79 @@ fn gemm_tiles_f32(
                         } else {
                             (b0[l0 * ldb + j0..].as_ptr(), ldb)
                         };
+                        #[cfg(target_arch = "x86_64")]
+                        if let Some(pw) = prepacked.filter(|_| {
+                            n <= TAIL_COLS
+                                && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
+                        }) {
+                            // (a block's last one or two positions, along output channels)
+                            let panels_here: Vec<usize> = panel_range.clone().collect();
+                            for chunk in panels_here.chunks(8 / n) {
+                                let at = |q: usize| chunk[q.min(chunk.len() - 1)];
+                                let ptrs = |q: usize| {
+                                    let pi = at(q);
+                                    let oc0 = grp * og + pi * MR;
+                                    // (a repeated panel writes no rows)
+                                    let mr = if q < chunk.len() {
+                                        MR.min(og - pi * MR)
+                                    } else {
+                                        0
+                                    };
+                                    (
+                                        pw[((grp * panels + pi) * ckk + l0) * MR..][..k * MR]
+                                            .as_ptr(),
+                                        // SAFETY: row oc0 < o of image img at position p0 + j0
+                                        // < pos: inside the output (checked above).
+                                        unsafe { op.ptr().add((img * g.o + oc0) * pos + p0 + j0) },
+                                        bp[(grp * panels + pi) * MR..][..MR].as_ptr(),
+                                        mr,
+                                    )
+                                };
+                                // SAFETY: AVX2 and FMA (the level matched); each panel's k * MR
+                                // prepacked entries and MR bias entries are bounds-checked
+                                // slices; rows oc0..oc0 + mr (< o, the group's channels) at
+                                // positions p0 + j0.. (+ n <= pos) of image img are inside the
+                                // output and this task's alone (its panels, its block), as for
+                                // the tiles below; `bsrc` holds k rows of n columns (below).
+                                unsafe {
+                                    if n == 1 {
+                                        let p: [_; 8] = std::array::from_fn(ptrs);
+                                        tail_avx2::<1, 8>(
+                                            k,
+                                            p.map(|t| t.0),
+                                            bsrc,
+                                            bld,
+                                            p.map(|t| t.1),
+                                            pos,
+                                            p.map(|t| t.2),
+                                            l0 == 0,
+                                            p.map(|t| t.3),
+                                        )
+                                    } else {
+                                        let p: [_; 4] = std::array::from_fn(ptrs);
+                                        tail_avx2::<2, 4>(
+                                            k,
+                                            p.map(|t| t.0),
+                                            bsrc,
+                                            bld,
+                                            p.map(|t| t.1),
+                                            pos,
+                                            p.map(|t| t.2),
+                                            l0 == 0,
+                                            p.map(|t| t.3),
+                                        )
+                                    }
+                                };
+                            }
+                            if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
+                                let at = (img, grp, panel_range.clone());
+                                // SAFETY: as for the tiles' epilogue below.
+                                unsafe {
+                                    epilogue_runs(steps, g, op, at, p0, width, j0 + n, &mut applied)
+                                };
+                            }
+                            continue;
+                        }
                         for pi in panel_range.clone() {
                             let oc0 = grp * og + pi * MR;
                             let mr = MR.min(og - pi * MR);
@@ -2075,7 +2228,7 @@ mod onnx_tests {
 #[cfg(test)]
 mod depthwise_tests {
     use super::*;
-    use kernel_core::{AttrValue, KernelCtx, OwnedTensor, RayonPool, SerialPool};
+    use kernel_core::{AttrValue, Epilogue, KernelCtx, OwnedTensor, RayonPool, SerialPool};
 
     /// Deterministic values in [-1, 1) (a small LCG; no test dependency needed).
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -2295,21 +2448,31 @@ mod depthwise_tests {
     #[test]
     fn prepacked_weights_give_the_unpacked_bits_and_a_float64_reference() {
         let op = crate::registry().lookup("conv2d").unwrap();
-        // (n, c, h = w, o, kernel, stride, pad, groups)
+        let relu = match crate::registry().lookup("relu").unwrap().epilogue {
+            Some(kernel_core::EpilogueFn::Unary(f)) => [Epilogue::Unary(f)],
+            _ => unreachable!("relu has a unary epilogue form"),
+        };
+        // (n, c, [h, w], o, kernel, stride, pad, groups)
         let cases = [
-            // 1x1 at 7x7, read in place: 17 panels (the last of 4 rows), B rows packed
-            (1, 40, 7, 100, 1, 1, 0, 1),
+            // 1x1 at 7x7, read in place: 17 panels (the last of 4 rows), B rows packed; the
+            // 49th position of each image along output channels (`tail_avx2`, 8 panels at a
+            // time: 8, 8 and 1)
+            (1, 40, [7, 7], 100, 1, 1, 0, 1),
+            // 1x1 at 6x3: a last tile of 2 positions (4 panels at a time: 4 and 3)
+            (2, 24, [6, 3], 40, 1, 1, 0, 1),
             // 1x1 at stride 2 (im2col), two groups of 11 outputs
-            (2, 12, 9, 22, 1, 2, 0, 2),
-            // 1x1, 300 channels: two passes over the kernel rows
-            (1, 300, 6, 20, 1, 1, 0, 1),
+            (2, 12, [9, 9], 22, 1, 2, 0, 2),
+            // 1x1, 300 channels: two passes over the kernel rows (a tail of 4: the tiles)
+            (1, 300, [6, 6], 20, 1, 1, 0, 1),
+            // 1x1, 300 channels at 1x17: a tail of one position over two passes
+            (1, 300, [1, 17], 13, 1, 1, 0, 1),
             // 3x3: panels of 16, the last of one channel; several channel passes
-            (1, 70, 10, 33, 3, 1, 1, 1),
+            (1, 70, [10, 10], 33, 3, 1, 1, 1),
             // 5x5 at stride 2 in three groups
-            (2, 12, 11, 12, 5, 2, 2, 3),
+            (2, 12, [11, 11], 12, 5, 2, 2, 3),
         ];
-        for (n, c, h, o, k, s, p, grp) in cases {
-            let x = OwnedTensor::from_vec(values(n * c * h * h, 1), &[n, c, h, h]).unwrap();
+        for (n, c, [h, wd], o, k, s, p, grp) in cases {
+            let x = OwnedTensor::from_vec(values(n * c * h * wd, 1), &[n, c, h, wd]).unwrap();
             let w =
                 OwnedTensor::from_vec(values(o * c / grp * k * k, 2), &[o, c / grp, k, k]).unwrap();
             let b = OwnedTensor::from_vec(values(o, 3), &[o]).unwrap();
@@ -2320,27 +2483,43 @@ mod depthwise_tests {
                     ("groups", AttrValue::Int(grp as i64)),
                 ])
                 .unwrap();
-            let run = |prepacked: &[(usize, kernel_core::Prepacked)]| -> Vec<f32> {
+            let run_with = |prepacked: &[(usize, kernel_core::Prepacked)], epi: bool| {
                 let ins = [Some(x.view()), Some(w.view()), Some(b.view())];
                 let spec = &op.infer_concrete(&ins, &attrs).unwrap()[0];
                 let mut out = OwnedTensor::zeros(DType::F32, &spec.concrete().unwrap());
                 {
                     let mut outs = [out.view_mut()];
                     let mut ctx = KernelCtx::new(op, &ins, &mut outs, &attrs, &RayonPool)
-                        .with_prepacked(prepacked);
+                        .with_prepacked(prepacked)
+                        .with_epilogue(epi.then_some(&relu[..]));
                     (op.cpu)(&mut ctx).unwrap();
+                    if ctx.take_epilogue().is_some() {
+                        Epilogue::apply_all(&relu, outs[0].as_mut_slice::<f32>().unwrap(), 0);
+                    }
                 }
                 out.to_vec::<f32>().unwrap()
             };
-            let case = format!("{n}x{c}x{h}x{h} -> {o}, {k}x{k}, stride {s}, groups {grp}");
+            let run = |prepacked: &[(usize, kernel_core::Prepacked)]| run_with(prepacked, false);
+            let case = format!("{n}x{c}x{h}x{wd} -> {o}, {k}x{k}, stride {s}, groups {grp}");
             let pack = || conv2d_prepack(1, &w.view(), &attrs).expect("a weight to prepack");
             let plain = run(&[]);
             let got = run(&[(1, pack())]);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&plain), "{case}");
-            let g = geomk(n, c, o, grp, [h, h], [k, k], [s, s], [1, 1], [p; 4]);
+            let g = geomk(n, c, o, grp, [h, wd], [k, k], [s, s], [1, 1], [p; 4]);
             let (xs, ws) = (x.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
             assert_near_f64_reference(&g, &xs, &ws, &b.to_vec::<f32>().unwrap(), &got);
+            // with a fused relu: the bits of the relu applied to the unpacked result
+            let relu_plain: Vec<f32> = plain
+                .iter()
+                .map(|&v| if v > 0.0 { v } else { 0.0 })
+                .collect();
+            assert!(relu_plain.iter().filter(|v| **v == 0.0).count() > relu_plain.len() / 5);
+            assert_eq!(
+                bits(&run_with(&[(1, pack())], true)),
+                bits(&relu_plain),
+                "{case}"
+            );
             // the kernel computes from the packed copy: its first weight (output channel 0,
             // kernel row 0 on either layout) altered changes output channel 0
             let mut altered = pack();
