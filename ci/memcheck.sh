@@ -4,7 +4,9 @@
 #     kernel (negate, add with broadcasting, scale, relu, add_relu, gelu, softmax, rms_norm,
 #     topk, conv2d, nonzero), strided views, empty inputs, the thread pool, and bad calls that raise;
 #   - ONNX Runtime with libpolyop_onnxruntime.so (ai.polyop nodes: Add, Softmax, TopK,
-#     RmsNorm, Conv2d, NonZero) including failing runs.
+#     RmsNorm, Conv2d, NonZero) including failing runs;
+#   - ONNX Runtime with the execution provider: Conv nodes with constant weights (prepacked
+#     once per session, one fused with its Relu) and one whose weight is fed at run time.
 # Reports, from polyop's libraries only (an error whose stack has a frame in libpolyop_* or
 # polyop's _core), definite leaks and invalid reads/writes, uses of uninitialised values and
 # invalid frees; CPython / NumPy / ONNX Runtime noise is ignored (filtered by stack, plus
@@ -137,6 +139,27 @@ for _ in range(3):
         else:
             raise AssertionError("ORT accepted a bad call")
 print(f"ONNXRUNTIME runs={runs} errors={fails}")
+
+# The execution provider: constant convolution weights prepacked once per session (a fused
+# Conv + Relu, and a 1x1 layer at 7x7 whose last position runs along output channels), next
+# to a Conv whose weight is fed at run time.
+from onnx import numpy_helper  # noqa: E402
+
+nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["y1"]),
+         helper.make_node("Conv", ["x", "w2"], ["y2"]),
+         helper.make_node("Conv", ["x", "w3"], ["y3"])]
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 8, 7, 7]),
+                                   helper.make_tensor_value_info("w3", F, [5, 8, 1, 1])],
+                      [helper.make_tensor_value_info(n, F, None) for n in ("y1", "y2", "y3")],
+                      [numpy_helper.from_array(f32(20, 8, 3, 3), "w1"), numpy_helper.from_array(f32(14, 8, 1, 1), "w2")])
+ep = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString(),
+                          pox.provider_session_options(intra_op_num_threads=2))
+ep_runs = 0
+for _ in range(3):
+    ep.run(None, {"x": f32(1, 8, 7, 7), "w3": f32(5, 8, 1, 1)})
+    ep_runs += 1
+print(f"PROVIDER runs={ep_runs}")
 PY
 
 LOG=$WORK/valgrind.log
