@@ -126,6 +126,24 @@ def test_accuracy_script_reports_polyop_within_its_bounds():
         assert float(b_max) > 0 and float(b_med) >= 0, case
 
 
+def test_ep_layers_script_times_mlas_and_the_provider_packed_and_unpacked():
+    # bench/ep_layers.py (ResNet-50's layers as Conv chains in ONNX Runtime: MLAS, polyop's
+    # provider with and without its weight packing) in smoke mode: a row per layer, each with
+    # three times, two finite ratios and every provider's output matching MLAS's to float32
+    # rounding (a wrong or zero output fails here)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ep_layers.py"), "--smoke"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [r.split("|")[1:-1] for r in proc.stdout.splitlines() if r.startswith("| ") and not r.startswith("| layer ")]
+    assert [r[0].strip() for r in rows] == ["8x7x7 <-> 20 1x1", "6x9x9 <-> 16 3x3"], proc.stdout
+    for r in rows:
+        ratios, diff = (float(r[3]), float(r[5])), float(r[6])
+        assert all(math.isfinite(x) and x > 0 for x in ratios), r
+        assert diff <= 1e-5, r
+
+
 def test_conv_layers_script_runs_every_framework_and_thread_count():
     # bench/conv_layers.py (conv2d against oneDNN in torch and TensorFlow) in smoke mode: a row
     # per framework, thread count and layer, each with a time, a ratio and polyop's output

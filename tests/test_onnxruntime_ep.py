@@ -386,8 +386,8 @@ def test_constant_conv_weights_are_prepacked_with_the_bits_of_weights_fed_at_run
     """A Conv whose weight is a constant initializer gets it packed once, when the session is
     made (POLYOP_ORT_EP_VERBOSE names each), for the fused chains and single nodes alike, in
     float32 and float16; a weight fed at run time, and a depthwise layer's (read in place),
-    are not. Every output has the bits of the same model with all weights fed at run time,
-    and matches a NumPy reference."""
+    are not, nor any with POLYOP_ORT_EP_PREPACK=0. Every output has the bits of the same model
+    with all weights fed at run time, and matches a NumPy reference."""
     x, xh = data([1, 12, 9, 9], "float32"), data([1, 12, 9, 9], "float16")
     w = {"w1": data([20, 12, 3, 3], "float32"), "w2": data([34, 12, 1, 1], "float32"),
          "w3": data([8, 12, 3, 3], "float32"), "w4": data([12, 1, 3, 3], "float32"),
@@ -419,9 +419,14 @@ def test_constant_conv_weights_are_prepacked_with_the_bits_of_weights_fed_at_run
     assert log.count("Conv (version 11) prepacked input(s) [1]") == 3, log
     want, _ = run(fed, {"x": x, "xh": xh, **w}, tmp_path)
     assert "prepacked" not in capfd.readouterr().err
-    for g, u in zip(got, want):
-        np.testing.assert_array_equal(g.view(np.uint16 if g.dtype == np.float16 else np.uint32),
-                                      u.view(np.uint16 if u.dtype == np.float16 else np.uint32))
+    # POLYOP_ORT_EP_PREPACK=0 (for comparisons): nothing packed, the same bits
+    monkeypatch.setenv("POLYOP_ORT_EP_PREPACK", "0")
+    off, _ = run(consts, {"x": x, "xh": xh, "w3": w["w3"]}, tmp_path)
+    assert "prepacked" not in capfd.readouterr().err
+    for g, u, v in zip(got, want, off):
+        bits = lambda a: a.view(np.uint16 if a.dtype == np.float16 else np.uint32)  # noqa: E731
+        np.testing.assert_array_equal(bits(g), bits(u))
+        np.testing.assert_array_equal(bits(g), bits(v))
     x64, xh64 = x.astype(np.float64), xh.astype(np.float64)
     for out, (xin, k, p, grp, relu, dtype) in zip(got, [
             (x64, "w1", pads, 1, True, "float32"), (x64, "w2", [0] * 4, 1, False, "float32"),

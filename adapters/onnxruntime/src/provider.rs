@@ -112,6 +112,12 @@ fn report_prepacked(claim: &Claim, site: &CallSite) {
     }
 }
 
+/// Whether kernels get the op's prepacked forms of constant inputs (on unless
+/// `POLYOP_ORT_EP_PREPACK=0`, for comparisons; read when a session makes its kernels).
+fn prepack_enabled() -> bool {
+    std::env::var("POLYOP_ORT_EP_PREPACK").map_or(true, |v| v.trim() != "0")
+}
+
 fn status(api: Api, e: &Error) -> Status {
     api.status(e)
 }
@@ -1150,7 +1156,9 @@ unsafe extern "system" fn create_kernel(
         })?;
         let mut site = CallSite::new(plan.attrs.clone());
         // the op's own forms of constant inputs (a convolution's weights), made once
-        site.prepacked = plan.prepack(claim.op, &node);
+        if prepack_enabled() {
+            site.prepacked = plan.prepack(claim.op, &node);
+        }
         report_prepacked(claim, &site);
         let k = Box::new(Kernel {
             base: OrtKernelImpl {
@@ -1381,10 +1389,14 @@ unsafe fn compile_one(
     );
     // the producer's own forms of its constant inputs, while its plan still numbers them as
     // the node's
-    // SAFETY: the producer node is live for this call.
-    let prepacked = plan.prepack(claim.op, &unsafe {
-        GraphNode::new(fa, nodes[pi], claim.version)
-    }?);
+    let prepacked = if prepack_enabled() {
+        // SAFETY: the producer node is live for this call.
+        plan.prepack(claim.op, &unsafe {
+            GraphNode::new(fa, nodes[pi], claim.version)
+        }?)
+    } else {
+        Vec::new()
+    };
     for j in plan.inputs.iter_mut() {
         *j = match j.and_then(|j| members[pi].2.get(j).cloned().flatten()) {
             None => None,
