@@ -1821,6 +1821,23 @@ fn gemm_tiles_f32(
                                         mr,
                                     )
                                 };
+                                // (N columns, P panels at a time: 8 registers of sums)
+                                macro_rules! tail {
+                                    ($n:literal, $p:literal) => {{
+                                        let p: [_; $p] = std::array::from_fn(ptrs);
+                                        tail_avx2::<$n, $p>(
+                                            k,
+                                            p.map(|t| t.0),
+                                            bsrc,
+                                            bld,
+                                            p.map(|t| t.1),
+                                            pos,
+                                            p.map(|t| t.2),
+                                            l0 == 0,
+                                            p.map(|t| t.3),
+                                        )
+                                    }};
+                                }
                                 // SAFETY: AVX2 and FMA (the level matched); each panel's k * MR
                                 // prepacked entries and MR bias entries are bounds-checked
                                 // slices; rows oc0..oc0 + mr (< o, the group's channels) at
@@ -1829,31 +1846,9 @@ fn gemm_tiles_f32(
                                 // the tiles below; `bsrc` holds k rows of n columns (below).
                                 unsafe {
                                     if n == 1 {
-                                        let p: [_; 8] = std::array::from_fn(ptrs);
-                                        tail_avx2::<1, 8>(
-                                            k,
-                                            p.map(|t| t.0),
-                                            bsrc,
-                                            bld,
-                                            p.map(|t| t.1),
-                                            pos,
-                                            p.map(|t| t.2),
-                                            l0 == 0,
-                                            p.map(|t| t.3),
-                                        )
+                                        tail!(1, 8)
                                     } else {
-                                        let p: [_; 4] = std::array::from_fn(ptrs);
-                                        tail_avx2::<2, 4>(
-                                            k,
-                                            p.map(|t| t.0),
-                                            bsrc,
-                                            bld,
-                                            p.map(|t| t.1),
-                                            pos,
-                                            p.map(|t| t.2),
-                                            l0 == 0,
-                                            p.map(|t| t.3),
-                                        )
+                                        tail!(2, 4)
                                     }
                                 };
                             }
