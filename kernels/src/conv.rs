@@ -1099,9 +1099,9 @@ impl F32Path {
 /// A conv2d weight packed once, for a caller that knows it constant (ONNX Runtime's
 /// initializers: [`kernel_core::Prepacked`]), in the order its path's inner loop reads it, so
 /// a call neither repacks it (the channel-vectorized path packed each panel on every call: a
-/// fifth to a third of a 7x7 layer's time) nor reads it across rows (the tiles read `MR` weight
-/// rows a row apart, `C/g * KH * KW` floats: streams that a 1x1 layer's row of 1024 or 2048
-/// floats put in one L1 set). Same values, so the same fma chains and bits as unpacked.
+/// fifth to a third of a 7x7 layer's time) nor reads it as `MR` streams a weight row apart (the
+/// tiles), and a block's last one or two positions can run along output channels
+/// ([`tail_avx2`]). Same values, so the same fma chains and bits as unpacked.
 struct PackedWeight {
     /// What it was packed from and for: a call uses it only when all match ([`Self::fits`]).
     shape: Vec<usize>,

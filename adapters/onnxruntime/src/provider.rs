@@ -898,10 +898,6 @@ unsafe fn spec_of(
     Ok(TensorSpec::with_dims(dtype, dims))
 }
 
-/// The values of an int64 or int32 tensor value.
-///
-/// # Safety
-/// `v` is a live tensor value.
 /// Call `f` with a view of constant value `v` (a dense tensor of a dtype polyop has).
 ///
 /// # Safety
@@ -919,6 +915,10 @@ unsafe fn with_const_view(api: Api, v: *const OrtValue, f: &mut dyn FnMut(&Tenso
     f(&unsafe { TensorRef::from_raw_contiguous(dtype, shape, data) });
 }
 
+/// The values of an int64 or int32 tensor value.
+///
+/// # Safety
+/// `v` is a live tensor value.
 unsafe fn int_values(api: Api, v: *const OrtValue) -> Option<Vec<i64>> {
     // SAFETY: this function's contract.
     let (et, shape) = unsafe { api.value_type_shape(v) }.ok()?;
