@@ -1311,7 +1311,6 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     };
     let path = F32Path::of(g.kh, g.kw, g.cg(), g.og());
     let prepacked = ctx_prepacked
-        .filter(|_| std::env::var_os("NOPP").is_none())
         .filter(|p| p.fits(wt, g.g, path))
         .map(|p| &p.data[..]);
     if path == F32Path::Depthwise {
