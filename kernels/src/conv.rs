@@ -1159,8 +1159,9 @@ fn conv2d_prepack(input: usize, w: &TensorRef, attrs: &Attrs) -> Option<kernel_c
     match path {
         F32Path::Depthwise => return None,
         F32Path::Tiles => {
+            let panels = og.div_ceil(MR);
             for (q, panel) in data.chunks_exact_mut(ckk * MR).enumerate() {
-                let (grp, pi) = (q / og.div_ceil(MR), q % og.div_ceil(MR));
+                let (grp, pi) = (q / panels, q % panels);
                 for r in 0..MR.min(og - pi * MR) {
                     let row = &wc[(grp * og + pi * MR + r) * ckk..][..ckk];
                     for (l, &v) in row.iter().enumerate() {
@@ -1276,12 +1277,15 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     let bias = inputs.get(2).and_then(Option::as_ref);
     let g = Geom::new(x, wt, &Params::new(ctx.attrs)?)?;
     in_ptr::<T>(x)?;
-    let ctx_prepacked = ctx.prepacked::<PackedWeight>(1);
+    let path = F32Path::of(g.kh, g.kw, g.cg(), g.og());
+    let prepacked = ctx
+        .prepacked::<PackedWeight>(1)
+        .filter(|p| p.fits(wt, g.g, path))
+        .map(|p| &p.data[..]);
     // A fused elementwise op (`KernelCtx::take_epilogue`) is applied to each finished block of
     // an f32 output in place by the tile paths, while the block is in cache; the depthwise path
     // and the half types leave it to the call path (after the whole output).
-    let depthwise = F32Path::of(g.kh, g.kw, g.cg(), g.og()) == F32Path::Depthwise;
-    let epi = if x.dtype == DType::F32 && !depthwise {
+    let epi = if x.dtype == DType::F32 && path != F32Path::Depthwise {
         ctx.take_epilogue()
     } else {
         None
@@ -1309,10 +1313,6 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
         Some(o) => OutPtr(o.as_mut_ptr()),
         None => OutPtr(res.as_mut_ptr()),
     };
-    let path = F32Path::of(g.kh, g.kw, g.cg(), g.og());
-    let prepacked = ctx_prepacked
-        .filter(|p| p.fits(wt, g.g, path))
-        .map(|p| &p.data[..]);
     if path == F32Path::Depthwise {
         depthwise_f32(&g, xc, wc, &bc, &op, pool);
     } else if path == F32Path::ChannelVectorized {
@@ -1797,19 +1797,15 @@ fn gemm_tiles_f32(
                             n <= TAIL_COLS
                                 && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
                         }) {
-                            // (a block's last one or two positions, along output channels)
-                            let panels_here: Vec<usize> = panel_range.clone().collect();
-                            for chunk in panels_here.chunks(8 / n) {
-                                let at = |q: usize| chunk[q.min(chunk.len() - 1)];
+                            // (a block's last one or two positions, along output channels,
+                            // 8 / n panels at a time: panels c0..c1)
+                            for c0 in panel_range.clone().step_by(8 / n) {
+                                let c1 = (c0 + 8 / n).min(panel_range.end);
                                 let ptrs = |q: usize| {
-                                    let pi = at(q);
+                                    let pi = (c0 + q).min(c1 - 1);
                                     let oc0 = grp * og + pi * MR;
                                     // (a repeated panel writes no rows)
-                                    let mr = if q < chunk.len() {
-                                        MR.min(og - pi * MR)
-                                    } else {
-                                        0
-                                    };
+                                    let mr = if c0 + q < c1 { MR.min(og - pi * MR) } else { 0 };
                                     (
                                         pw[((grp * panels + pi) * ckk + l0) * MR..][..k * MR]
                                             .as_ptr(),
@@ -2397,37 +2393,32 @@ mod depthwise_tests {
     /// `got` (`[n, o, oh, ow]`) is within float32 rounding of a float64 convolution of `x`,
     /// `w`, `b` (at most `ckk + 1` roundings of the magnitudes summed).
     fn assert_near_f64_reference(g: &Geom, x: &[f32], w: &[f32], b: &[f32], got: &[f32]) {
-        {
-            let cv = got;
-            let (cg, og) = (g.cg(), g.og());
-            for img in 0..g.n {
-                for oc in 0..g.o {
-                    for p in 0..g.positions() {
-                        let (oh, ow) = (p / g.ow, p % g.ow);
-                        let (mut want, mut mag) = (b[oc] as f64, (b[oc] as f64).abs());
-                        for ci in 0..cg {
-                            for ki in 0..g.kh {
-                                for kj in 0..g.kw {
-                                    if let (Some(ih), Some(iw)) =
-                                        (g.in_row(oh, ki), g.in_col(ow, kj))
-                                    {
-                                        let ch = oc / og * cg + ci;
-                                        let xv = x[((img * g.c + ch) * g.h + ih) * g.w + iw];
-                                        let wv = w[((oc * cg + ci) * g.kh + ki) * g.kw + kj];
-                                        let t = wv as f64 * xv as f64;
-                                        want += t;
-                                        mag += t.abs();
-                                    }
+        let (cg, og) = (g.cg(), g.og());
+        for img in 0..g.n {
+            for oc in 0..g.o {
+                for p in 0..g.positions() {
+                    let (oh, ow) = (p / g.ow, p % g.ow);
+                    let (mut want, mut mag) = (b[oc] as f64, (b[oc] as f64).abs());
+                    for ci in 0..cg {
+                        for ki in 0..g.kh {
+                            for kj in 0..g.kw {
+                                if let (Some(ih), Some(iw)) = (g.in_row(oh, ki), g.in_col(ow, kj)) {
+                                    let ch = oc / og * cg + ci;
+                                    let xv = x[((img * g.c + ch) * g.h + ih) * g.w + iw];
+                                    let wv = w[((oc * cg + ci) * g.kh + ki) * g.kw + kj];
+                                    let t = wv as f64 * xv as f64;
+                                    want += t;
+                                    mag += t.abs();
                                 }
                             }
                         }
-                        let got = cv[(img * g.o + oc) * g.positions() + p] as f64;
-                        let tol = (g.ckk() + 1) as f64 * 2f64.powi(-24) * mag;
-                        assert!(
-                            (got - want).abs() <= tol,
-                            "{g:?} {img} {oc} {p}: {got} vs {want}"
-                        );
                     }
+                    let got = got[(img * g.o + oc) * g.positions() + p] as f64;
+                    let tol = (g.ckk() + 1) as f64 * 2f64.powi(-24) * mag;
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{g:?} {img} {oc} {p}: {got} vs {want}"
+                    );
                 }
             }
         }
