@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 
@@ -28,7 +27,7 @@ import onnxruntime as ort
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-import polyop.onnxruntime as pox
+from ep_models import PAUSE, THREADS, _session, provider_session_under
 
 # (channels, height = width, outputs, kernel): ResNet-50's stride-1 layers at batch 1 (a 1x1
 # chain holds both of a bottleneck's 1x1 layers, C -> O and O -> C)
@@ -37,8 +36,6 @@ LAYERS = [
     (64, 56, 64, 3), (128, 28, 128, 3), (256, 14, 256, 3), (512, 7, 512, 3),
 ]
 SMOKE = [(8, 7, 20, 1), (6, 9, 16, 3)]
-THREADS = 2
-PAUSE = 0.1
 
 
 def chain(c: int, h: int, o: int, k: int) -> tuple[bytes, dict]:
@@ -58,22 +55,8 @@ def chain(c: int, h: int, o: int, k: int) -> tuple[bytes, dict]:
 
 
 def sessions(raw: bytes) -> dict[str, ort.InferenceSession]:
-    kw = {"intra_op_num_threads": THREADS, "inter_op_num_threads": 1}
-    so = ort.SessionOptions()
-    for k, v in kw.items():
-        setattr(so, k, v)
-    out = {"mlas": ort.InferenceSession(raw, so, providers=["CPUExecutionProvider"]),
-           "packed": ort.InferenceSession(raw, pox.provider_session_options(**kw))}
-    old = os.environ.get("POLYOP_ORT_EP_PREPACK")
-    os.environ["POLYOP_ORT_EP_PREPACK"] = "0"
-    try:
-        out["unpacked"] = ort.InferenceSession(raw, pox.provider_session_options(**kw))
-    finally:
-        if old is None:
-            del os.environ["POLYOP_ORT_EP_PREPACK"]
-        else:
-            os.environ["POLYOP_ORT_EP_PREPACK"] = old
-    return out
+    return {"mlas": _session(raw, False), "packed": _session(raw, True),
+            "unpacked": provider_session_under(raw, "POLYOP_ORT_EP_PREPACK", "0")}
 
 
 def measure(layer: tuple, rounds: int, min_time: float) -> dict:

@@ -142,6 +142,21 @@ def _session(model: bytes, provider: bool, profile_prefix: str | None = None) ->
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
+def provider_session_under(model: bytes, var: str, value: str) -> ort.InferenceSession:
+    """A provider session (as `_session`) made with environment variable `var` set to `value`
+    (the provider reads its switches, `POLYOP_ORT_EP_FUSE`, `POLYOP_ORT_EP_PREPACK`, when a
+    session makes its kernels); the variable is restored afterwards."""
+    old = os.environ.get(var)
+    os.environ[var] = value
+    try:
+        return _session(model, True)
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old
+
+
 def _profile(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[dict, dict]:
     """({node name: provider}, {op type: median microseconds per run, summed over its nodes})
     from ONNX Runtime's own profile of `runs` runs after a warm-up run."""
@@ -267,17 +282,8 @@ def fusion_ab(names: list[str], samples: int, min_time: float = 0.3) -> list[dic
     for name in names:
         model, feeds = light_model(name)
         raw = model.SerializeToString()
-        old = os.environ.get("POLYOP_ORT_EP_FUSE")
-        try:
-            os.environ["POLYOP_ORT_EP_FUSE"] = "1"
-            fused = _session(raw, True)
-            os.environ["POLYOP_ORT_EP_FUSE"] = "0"
-            plain = _session(raw, True)
-        finally:
-            if old is None:
-                os.environ.pop("POLYOP_ORT_EP_FUSE", None)
-            else:
-                os.environ["POLYOP_ORT_EP_FUSE"] = old
+        fused = provider_session_under(raw, "POLYOP_ORT_EP_FUSE", "1")
+        plain = provider_session_under(raw, "POLYOP_ORT_EP_FUSE", "0")
         for s in (fused, plain):
             s.run(None, feeds)
         t0 = time.perf_counter()
