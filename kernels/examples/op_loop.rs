@@ -9,7 +9,8 @@
 //!
 //! (run it with reps 0 and N: the difference / N is one call's count). Single-threaded (the
 //! serial pool), so the count is the kernel's alone; `OP_LOOP_THREADS=2` runs it on a rayon
-//! pool of two threads instead, for thread scaling.
+//! pool of two threads instead, for thread scaling, and `OP_LOOP_SIMD=avx2` (or `baseline`) runs
+//! it below the best instruction-set level the CPU has, to time one level against another.
 
 use kernel_core::half::{bf16, f16};
 use kernel_core::{AttrValue, Element, KernelCtx, OwnedTensor, TensorMut, TensorRef};
@@ -102,6 +103,15 @@ fn main() {
         .iter()
         .map(|s| OwnedTensor::zeros(s.dtype, &s.concrete().unwrap()))
         .collect();
+    // OP_LOOP_SIMD=avx2 or baseline: run at that instruction-set level, not the best the CPU
+    // has (the levels give the same bits; this times one against another)
+    match std::env::var("OP_LOOP_SIMD").as_deref() {
+        Ok("avx2") => polyop_kernels::force_simd_level(Some(polyop_kernels::SimdLevel::Avx2Fma)),
+        Ok("baseline") => {
+            polyop_kernels::force_simd_level(Some(polyop_kernels::SimdLevel::Baseline))
+        }
+        _ => {}
+    }
     // OP_LOOP_THREADS=N: on a rayon pool of N threads (thread scaling), else serially
     let threads: usize = std::env::var("OP_LOOP_THREADS").map_or(1, |v| v.parse().unwrap());
     let rayon_pool = rayon::ThreadPoolBuilder::new()

@@ -804,6 +804,18 @@ where
 const MR: usize = 6;
 /// Output positions per micro-kernel tile (two AVX2 vectors).
 const NR: usize = 16;
+/// Output positions per micro-kernel tile on AVX-512 (two AVX-512 vectors): [`tile_width`].
+const NR512: usize = 32;
+
+/// Output positions per tile at the level the CPU runs now: two vectors of its widest
+/// registers ([`NR512`] at the AVX-512 level, else [`NR`]).
+fn tile_width() -> usize {
+    if simd_level() == SimdLevel::Avx512 {
+        NR512
+    } else {
+        NR
+    }
+}
 
 /// Output positions per task of the f32 path: a multiple of `NR` whose im2col block (`ckk`
 /// rows) stays near 256 KiB, inside a core's L2 beside the weights in use.
@@ -828,11 +840,13 @@ fn f32_pos_block(ckk: usize) -> usize {
 /// `a` must be valid for reads of `a[r * lda + l * las]` (`r < mr`, `l < k`), `bias` for `MR` reads,
 /// `b` for reads of `b[l * ldb + j]`
 /// (`l < k`, `j < n`), `c` for reads (unless `first`) and writes of `c[r * ldc + j]`
-/// (`r < mr`, `j < n`) that no other thread touches and that overlap no input; `mr <= MR`,
-/// `n <= NR`.
+/// (`r < mr`, `j < n`) that no other thread touches and that overlap no input; `mr <= MR`;
+/// `n <= nr`, the tile width: [`NR`], or [`NR512`] only where [`tile_width`] chose it (the
+/// CPU has AVX-512).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn tile_f32(
+    nr: usize,
     k: usize,
     a: *const f32,
     lda: usize,
@@ -847,7 +861,40 @@ unsafe fn tile_f32(
     n: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    // (the AVX-512 level runs this AVX2 tile too: every level above the baseline has AVX2+FMA)
+    if nr == NR512 {
+        // SAFETY: `tile_width` chose NR512 at the AVX-512 level, which `simd_level` reports
+        // only on CPUs with AVX-512F, AVX2 and FMA; the pointer contract is the caller's,
+        // the same as this function's, with n <= NR512.
+        unsafe {
+            match (n == NR512, n <= NR512 / 2, mr) {
+                (true, _, 1) => tile_avx512::<true, false, 1>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+                (true, _, 2..=3) => tile_avx512::<true, false, 3>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+                (true, _, _) => tile_avx512::<true, false, MR>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+                (false, true, 1) => tile_avx512::<false, true, 1>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+                (false, true, _) => tile_avx512::<false, true, MR>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+                (false, false, 1) => tile_avx512::<false, false, 1>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+                (false, false, _) => tile_avx512::<false, false, MR>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                ),
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // (with tiles of NR, the AVX-512 level runs this AVX2 tile too: every level above the
+    // baseline has AVX2+FMA)
     if matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512) {
         // SAFETY: the CPU has AVX2 and FMA (`simd_level` reports no level the CPU lacks, and
         // both levels matched include AVX2 and FMA); the pointer contract is the caller's, the
@@ -1070,14 +1117,115 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     unsafe { tile_acc_store::<FULL, HALF>(&acc, c, 8, ldc, mr, m0, m1) };
 }
 
+/// [`tile_f32`] in AVX-512 for up to [`NR512`] columns: `2 * ROWS` accumulators of 16 lanes
+/// (`ROWS` rows x two vectors), otherwise as [`tile_avx2`] (rows from `mr` on repeat row `mr -
+/// 1`, computed and never stored). `FULL`: `n == NR512`; otherwise `b` is read and `c` written
+/// through lane masks. `HALF` (`n <= 16`, not `FULL`): only the first vector of each row.
+///
+/// # Safety
+/// As [`tile_f32`] with `n <= NR512`, `mr <= ROWS <= MR`; the CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_avx512<const FULL: bool, const HALF: bool, const ROWS: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    las: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    bias: *const f32,
+    first: bool,
+    mr: usize,
+    n: usize,
+) {
+    use std::arch::x86_64::*;
+    // lanes j < n of the first and second vector
+    let mask = |first: usize| -> __mmask16 {
+        let lanes = n.saturating_sub(first).min(16);
+        ((1u32 << lanes) - 1) as __mmask16
+    };
+    let (m0, m1) = (mask(0), mask(16));
+    let mut acc = [_mm512_setzero_ps(); 2 * MR];
+    for r in 0..ROWS {
+        if first {
+            // SAFETY: r < MR, inside `bias` (caller's contract).
+            let v = _mm512_set1_ps(unsafe { *bias.add(r) });
+            acc[2 * r] = v;
+            acc[2 * r + 1] = v;
+        } else if r < mr {
+            // SAFETY: row r < mr of `c`: NR512 (FULL) or, through the masks, n readable
+            // elements (caller's contract).
+            unsafe {
+                let cp = c.add(r * ldc);
+                if FULL {
+                    acc[2 * r] = _mm512_loadu_ps(cp);
+                    acc[2 * r + 1] = _mm512_loadu_ps(cp.add(16));
+                } else {
+                    acc[2 * r] = _mm512_maskz_loadu_ps(m0, cp);
+                    if !HALF {
+                        acc[2 * r + 1] = _mm512_maskz_loadu_ps(m1, cp.add(16));
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: min(r, mr - 1) < mr: the start of a weight row (caller's contract); mr >= 1.
+    let rows: [*const f32; ROWS] = std::array::from_fn(|r| unsafe { a.add(r.min(mr - 1) * lda) });
+    let mut bp = b;
+    for l in 0..k {
+        // SAFETY: `bp` is row l < k of `b`: NR512 (FULL) or, through the masks, n valid
+        // elements; `rows[r] + l * las` is element l < k of a weight row (caller's contract).
+        unsafe {
+            let (b0, b1) = if FULL {
+                (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)))
+            } else if HALF {
+                (_mm512_maskz_loadu_ps(m0, bp), _mm512_setzero_ps())
+            } else {
+                (
+                    _mm512_maskz_loadu_ps(m0, bp),
+                    _mm512_maskz_loadu_ps(m1, bp.add(16)),
+                )
+            };
+            for (r, row) in rows.iter().enumerate() {
+                let av = _mm512_set1_ps(*row.add(l * las));
+                acc[2 * r] = _mm512_fmadd_ps(av, b0, acc[2 * r]);
+                if !HALF {
+                    acc[2 * r + 1] = _mm512_fmadd_ps(av, b1, acc[2 * r + 1]);
+                }
+            }
+            bp = bp.add(ldb);
+        }
+    }
+    for r in 0..mr {
+        // SAFETY: row r < mr of `c`: NR512 (FULL) or, through the masks, n elements, this
+        // caller's alone (contract).
+        unsafe {
+            let cp = c.add(r * ldc);
+            if FULL {
+                _mm512_storeu_ps(cp, acc[2 * r]);
+                _mm512_storeu_ps(cp.add(16), acc[2 * r + 1]);
+            } else {
+                _mm512_mask_storeu_ps(cp, m0, acc[2 * r]);
+                if !HALF {
+                    _mm512_mask_storeu_ps(cp.add(16), m1, acc[2 * r + 1]);
+                }
+            }
+        }
+    }
+}
+
 /// Which f32 path computes a layer: one decision for the kernel ([`conv2d_f32`]) and for its
 /// weights prepacked once per session ([`conv2d_prepack`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum F32Path {
     /// One input channel per group and fewer than `MR` output channels each: [`depthwise_f32`].
     Depthwise,
-    /// [`cv::cv_f32`].
-    ChannelVectorized,
+    /// [`cv::cv_f32`], with panels of this many output channels ([`cv::panel_width`]: two
+    /// vectors of the level's widest registers).
+    ChannelVectorized(usize),
     /// The im2col tiles, [`gemm_tiles_f32`].
     Tiles,
 }
@@ -1089,7 +1237,7 @@ impl F32Path {
         if cg == 1 && og < MR {
             F32Path::Depthwise
         } else if cv::cv_applies(kh * kw) {
-            F32Path::ChannelVectorized
+            F32Path::ChannelVectorized(cv::panel_width())
         } else {
             F32Path::Tiles
         }
@@ -1109,7 +1257,7 @@ struct PackedWeight {
     groups: usize,
     path: F32Path,
     /// [`F32Path::Tiles`]: `[group][panel of MR][ckk][MR]` (output channels past the group's
-    /// zero); [`F32Path::ChannelVectorized`]: `[group][panel of 16][ckk][16]` (the layout
+    /// zero); [`F32Path::ChannelVectorized`]: `[group][panel of cw][ckk][cw]` (the layout
     /// `cv::pack_panel` makes for one pass, over all of a panel's input channels).
     data: Vec<f32>,
 }
@@ -1129,7 +1277,7 @@ impl PackedWeight {
         let ckk: usize = shape[1..].iter().product();
         let width = match path {
             F32Path::Tiles => MR,
-            F32Path::ChannelVectorized => cv::CV,
+            F32Path::ChannelVectorized(cw) => cw,
             F32Path::Depthwise => 0,
         };
         groups * og.div_ceil(width.max(1)) * ckk * width
@@ -1170,7 +1318,9 @@ fn conv2d_prepack(input: usize, w: &TensorRef, attrs: &Attrs) -> Option<kernel_c
                 }
             }
         }
-        F32Path::ChannelVectorized => cv::pack_weight(&wc, groups, og, cg, kh * kw, &mut data),
+        F32Path::ChannelVectorized(cw) => {
+            cv::pack_weight(cw, &wc, groups, og, cg, kh * kw, &mut data)
+        }
     }
     Some(Box::new(PackedWeight {
         shape: w.shape.to_vec(),
@@ -1315,8 +1465,8 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     };
     if path == F32Path::Depthwise {
         depthwise_f32(&g, xc, wc, &bc, &op, pool);
-    } else if path == F32Path::ChannelVectorized {
-        cv::cv_f32(&g, xc, wc, prepacked, &bc, &op, pool, epi);
+    } else if let F32Path::ChannelVectorized(cw) = path {
+        cv::cv_f32(cw, &g, xc, wc, prepacked, &bc, &op, pool, epi);
     } else {
         gemm_tiles_f32(&g, xc, wc, prepacked, &bc, &op, pool, epi);
     }
@@ -1743,16 +1893,19 @@ fn gemm_tiles_f32(
     // (one line each) spread over every L1 set (a stride of 1024 floats put all of them in
     // one set: a 7x7 depthwise convolution ran 1.5x slower than with `gemm`)
     let ld = pb + if (pb / NR).is_multiple_of(2) { NR } else { 0 };
-    // kernel rows per pass over a block: a tile's `kc x NR` slice of the block (at most 16
-    // KiB) stays in L1 while every output-channel panel uses it
-    let kc = ckk.div_ceil(ckk.div_ceil(256).max(1)).max(1);
     let plane = g.h * g.w;
+    // positions per tile: two vectors of the level's widest registers (blocks stay whole
+    // numbers of NR, so a block's last tile may be a half one)
+    let nr = tile_width();
+    // kernel rows per pass over a block: a tile's `kc x nr` slice of the block (at most 16
+    // KiB) stays in L1 while every output-channel panel uses it
+    let kc = ckk.div_ceil(ckk.div_ceil(256 * NR / nr).max(1)).max(1);
     parallel_for(pool, split.tasks, 1, |range| {
         let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
         let mut packed = vec![
             0f32;
             if direct && split.per >= 16 {
-                kc * NR
+                kc * nr
             } else {
                 0
             }
@@ -1779,16 +1932,16 @@ fn gemm_tiles_f32(
                 let mut applied = 0;
                 for l0 in (0..ckk).step_by(kc) {
                     let k = kc.min(ckk - l0);
-                    for j0 in (0..width).step_by(NR) {
-                        let n = NR.min(width - j0);
+                    for j0 in (0..width).step_by(nr) {
+                        let n = nr.min(width - j0);
                         if pack_b {
                             for l in 0..k {
                                 let src = &b0[(l0 + l) * ldb + j0..(l0 + l) * ldb + j0 + n];
-                                copy_short(&mut packed[l * NR..l * NR + n], src);
+                                copy_short(&mut packed[l * nr..l * nr + n], src);
                             }
                         }
                         let (bsrc, bld) = if pack_b {
-                            (packed.as_ptr(), NR)
+                            (packed.as_ptr(), nr)
                         } else {
                             (b0[l0 * ldb + j0..].as_ptr(), ldb)
                         };
@@ -1859,8 +2012,8 @@ fn gemm_tiles_f32(
                         for pi in panel_range.clone() {
                             let oc0 = grp * og + pi * MR;
                             let mr = MR.min(og - pi * MR);
-                            // SAFETY: `bsrc` is `packed` (k rows of stride NR whose first n
-                            // values were just copied from b0's rows l0.., columns j0..; kc * NR
+                            // SAFETY: `bsrc` is `packed` (k rows of stride nr whose first n
+                            // values were just copied from b0's rows l0.., columns j0..; kc * nr
                             // long, k <= kc) or b0 from row l0, column j0 on. `b0` holds ckk rows
                             // of stride ldb >= width, of which rows l0..l0 + k (<= ckk), columns
                             // j0..j0 + n (<= width) are read: `col`
@@ -1889,6 +2042,7 @@ fn gemm_tiles_f32(
                                     None => (wc.as_ptr().add(oc0 * ckk + l0), ckk, 1),
                                 };
                                 tile_f32(
+                                    nr,
                                     k,
                                     a,
                                     lda,
@@ -2365,6 +2519,7 @@ mod depthwise_tests {
             let len = g.n * g.o * g.positions();
             let (mut cv, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
             cv::cv_f32(
+                cv::panel_width(),
                 &g,
                 &x,
                 &w,

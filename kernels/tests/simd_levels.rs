@@ -229,3 +229,145 @@ fn every_op_same_bits_at_every_level() {
 fn rng_ints(v: &[f64]) -> Vec<f64> {
     v.iter().map(|x| x.trunc()).collect()
 }
+
+/// conv2d's f32 paths at every level: the 1x1 and im2col tiles (16 positions a tile on AVX2,
+/// 32 on AVX-512, with half tiles, masked tails and the one-or-two-position tail of packed
+/// weights), the channel-vectorized path (panels of 16 output channels on AVX2, 32 on AVX-512,
+/// a half-empty last panel, several channel passes), each unpacked, with its weight prepacked
+/// at that level (as ONNX Runtime's provider does), and with a fused relu epilogue: the bits of
+/// the baseline build's unpacked call, and within float32 rounding of a float64 convolution.
+#[test]
+fn conv2d_paths_same_bits_at_every_level_packed_or_not() {
+    // (channels, height, width, outputs, kernel, stride, padding, groups)
+    let cases: [[usize; 8]; 9] = [
+        [40, 7, 7, 20, 1, 1, 0, 1],   // 49 positions: a tile of 32 and one of 17
+        [24, 3, 11, 50, 1, 1, 0, 1],  // 33: a tail of one, 9 panels
+        [16, 2, 17, 100, 1, 1, 0, 1], // 34: a tail of two, 17 panels (packed B)
+        [300, 5, 5, 13, 1, 1, 0, 1],  // three channel passes
+        [12, 9, 9, 7, 1, 2, 0, 1],    // 1x1 stride 2: im2col
+        [5, 6, 9, 48, 3, 1, 1, 1],    // channel panels 32 + 16 on AVX-512
+        [70, 10, 10, 40, 3, 1, 1, 1], // several channel passes
+        [6, 11, 13, 10, 5, 2, 2, 2],  // grouped, strided
+        [3, 20, 20, 16, 7, 2, 3, 1],  // a ResNet stem
+    ];
+    let conv = polyop_kernels::registry().lookup("conv2d").unwrap();
+    let relu = match polyop_kernels::registry().lookup("relu").unwrap().epilogue {
+        Some(kernel_core::EpilogueFn::Unary(f)) => [kernel_core::Epilogue::Unary(f)],
+        _ => panic!("relu has a unary epilogue form"),
+    };
+    let mut rng = XRng::new(2121);
+    let _turn = LEVEL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for [c, h, w, o, k, s, p, g] in cases {
+        let (oh, ow) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+        let cg = c / g;
+        let x = rng.vec(c * h * w, -1.0, 1.0);
+        let wt = rng.vec(o * cg * k * k, -1.0, 1.0);
+        let b = rng.vec(o, -1.0, 1.0);
+        let (xt, wtt, bt) = (
+            tensor(&x, &[1, c, h, w], DType::F32),
+            tensor(&wt, &[o, cg, k, k], DType::F32),
+            tensor(&b, &[o], DType::F32),
+        );
+        let attrs = conv
+            .bind_attrs([
+                ("stride", int(s as i64)),
+                ("padding", int(p as i64)),
+                ("groups", int(g as i64)),
+            ])
+            .unwrap();
+        let views = [Some(xt.view()), Some(wtt.view()), Some(bt.view())];
+        // (prepacked: the weight's packed form made at the level in force; relu: fused)
+        let call = |prepacked: bool, relu_fused: bool| -> Vec<u32> {
+            let pp: Vec<(usize, kernel_core::Prepacked)> = if prepacked {
+                vec![(1, (conv.prepack.unwrap())(1, &wtt.view(), &attrs).unwrap())]
+            } else {
+                Vec::new()
+            };
+            let mut out = kernel_core::OwnedTensor::zeros(DType::F32, &[1, o, oh, ow]);
+            {
+                let mut outs = [out.view_mut()];
+                let mut ctx = kernel_core::KernelCtx::new(
+                    conv,
+                    &views,
+                    &mut outs,
+                    &attrs,
+                    &kernel_core::SerialPool,
+                )
+                .with_prepacked(&pp)
+                .with_epilogue(relu_fused.then_some(&relu[..]));
+                conv.compute(&mut ctx).unwrap();
+                if ctx.take_epilogue().is_some() {
+                    kernel_core::Epilogue::apply_all(
+                        &relu,
+                        outs[0].as_mut_slice::<f32>().unwrap(),
+                        0,
+                    );
+                }
+            }
+            out.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        // the float64 convolution, and each output's bound: (taps + 1) roundings of the
+        // magnitudes it sums
+        let (og, kk) = (o / g, k * k);
+        let mut want = vec![0f64; o * oh * ow];
+        let mut bound = vec![0f64; o * oh * ow];
+        for oc in 0..o {
+            for (q, (wv, bv)) in want[oc * oh * ow..][..oh * ow]
+                .iter_mut()
+                .zip(&mut bound[oc * oh * ow..][..oh * ow])
+                .enumerate()
+            {
+                let (r, col) = (q / ow, q % ow);
+                let (mut acc, mut mag) = (b[oc], b[oc].abs());
+                for ci in 0..cg {
+                    let ch = oc / og * cg + ci;
+                    for t in 0..kk {
+                        let (ih, iw) = (
+                            (r * s + t / k) as isize - p as isize,
+                            (col * s + t % k) as isize - p as isize,
+                        );
+                        if ih < 0 || iw < 0 || ih >= h as isize || iw >= w as isize {
+                            continue;
+                        }
+                        let v = x[(ch * h + ih as usize) * w + iw as usize]
+                            * wt[(oc * cg + ci) * kk + t];
+                        acc += v;
+                        mag += v.abs();
+                    }
+                }
+                *wv = acc;
+                *bv = mag * (cg * kk + 1) as f64 * f32::EPSILON as f64 / 2.0;
+            }
+        }
+        let mut first: Option<[Vec<u32>; 2]> = None;
+        for level in levels() {
+            force_simd_level(Some(level));
+            let case =
+                format!("{c}x{h}x{w} -> {o}, {k}x{k} stride {s} pad {p} groups {g}, {level:?}");
+            let plain = call(false, false);
+            for (i, (&got, (&wv, &bv))) in plain.iter().zip(want.iter().zip(&bound)).enumerate() {
+                let got = f32::from_bits(got) as f64;
+                assert!(
+                    (got - wv).abs() <= bv,
+                    "{case}: output {i} is {got}, want {wv} +- {bv}"
+                );
+            }
+            let relu_bits: Vec<u32> = plain
+                .iter()
+                .map(|&v| f32::from_bits(v).max(0.0).to_bits())
+                .collect();
+            assert_eq!(call(true, false), plain, "{case}: prepacked");
+            assert_eq!(call(false, true), relu_bits, "{case}: fused relu");
+            assert_eq!(call(true, true), relu_bits, "{case}: prepacked, fused relu");
+            match &first {
+                None => first = Some([plain, relu_bits]),
+                Some([f, _]) => assert_eq!(&plain, f, "{case}: against the baseline build"),
+            }
+        }
+    }
+    force_simd_level(None);
+}

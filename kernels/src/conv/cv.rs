@@ -1,21 +1,24 @@
-//! conv2d f32 vectorized along output channels: each tile is 16 output channels (two AVX2
-//! vectors of a packed weight panel) at 6 output positions (input values broadcast from a
-//! zero-padded copy of the rows they read), 12 accumulators, in hand-scheduled assembly (the
-//! same loop in intrinsics had LLVM share broadcasts across taps and spill accumulators). The
+//! conv2d f32 vectorized along output channels: each tile is a panel of output channels (16:
+//! two AVX2 vectors, or 32: two AVX-512 vectors, [`panel_width`]) at 6 output positions (input
+//! values broadcast from a zero-padded copy of the rows they read), 12 accumulators, in
+//! hand-scheduled assembly (the same loop in intrinsics had LLVM share broadcasts across taps
+//! and spill accumulators). The
 //! six positions are any six: each has its own slab pointer, so a tile runs on across the end
 //! of an output row and every lane computes an output (the position-vectorized tiles fill
 //! only 13 of 16 lanes on rows of 13, 27 of 32 on rows of 27). Partial sums live in a
-//! channel-minor scratch `[position][16]` for a task's block and panel; they are written to
+//! channel-minor scratch `[position][panel width]` for a task's block and panel; they are written to
 //! the NCHW output once, after the last channel pass. Each output is the same chain of fused
 //! multiply-adds as in every other f32 path (bias, then kernel rows `(c, ki, kj)` in order), so
 //! the bits do not change.
 
 use super::{simd_level, split_work, Geom, OutPtr, SimdLevel, SLAB_FLOATS};
-use crate::common::with_scratch;
+use crate::common::{has_avx512, with_scratch};
 use kernel_core::{parallel_for, Epilogue};
 
-/// Output channels per panel (two AVX2 vectors).
-pub(super) const CV: usize = 16;
+/// Output channels per panel on AVX2 (two AVX2 vectors).
+const CV: usize = 16;
+/// Output channels per panel on AVX-512 (two AVX-512 vectors).
+const CV512: usize = 32;
 /// Output positions per tile.
 const CP: usize = 6;
 
@@ -31,6 +34,23 @@ pub(super) fn cv_applies(kernel_taps: usize) -> bool {
     kernel_taps > 1
         && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
         && !*OFF.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "0"))
+}
+
+/// Output channels per panel at the level the CPU runs now ([`simd_level`]): two vectors of
+/// its widest registers. The packed weights and the tile follow it, so a weight packed once
+/// (`super::PackedWeight`) records the width it was packed for.
+pub(super) fn panel_width() -> usize {
+    if simd_level() == SimdLevel::Avx512 {
+        CV512
+    } else {
+        CV
+    }
+}
+
+/// Weight taps per channel pass for panels of `cw` channels: a pass's panel weights (`cw`
+/// floats a tap) stay at 16 KiB, in L1 beside the input values the tiles read.
+fn pass_taps(cw: usize) -> usize {
+    PASS_TAPS * CV / cw
 }
 
 /// `out[k] = column k of the 8 x 8 matrix whose rows are `rows`.
@@ -66,17 +86,17 @@ fn transpose8(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m25
     ]
 }
 
-/// The weights of output channels `oc0..oc0 + ocn` (`ocn <= CV`), input channels `c0..c0 +
-/// ncc` of their group, as one panel `[c][ki * kw + kj][CV]` in `dst` (channels past `ocn`
-/// zero): the layout [`tile`] reads. `kk`: the kernel's taps (`kh * kw`); `ckk`: a weight
-/// row's length (`C/g * kk`).
+/// The weights of output channels `oc0..oc0 + ocn` (`ocn <= cw`, the panel width: 16 or 32),
+/// input channels `c0..c0 + ncc` of their group, as one panel `[c][ki * kw + kj][cw]` in `dst`
+/// (channels past `ocn` zero): the layout the tiles read. `kk`: the kernel's taps (`kh * kw`);
+/// `ckk`: a weight row's length (`C/g * kk`).
 ///
 /// # Safety
-/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `kk * ncc * CV`.
+/// The CPU supports AVX2; `oc0 + ocn <= o`, `c0 + ncc <= cg`, `dst` holds `kk * ncc * cw`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn pack_panel(
-    (kk, ckk): (usize, usize),
+    (kk, ckk, cw): (usize, usize, usize),
     wc: &[f32],
     oc0: usize,
     ocn: usize,
@@ -86,11 +106,11 @@ fn pack_panel(
 ) {
     use std::arch::x86_64::*;
     let len = ncc * kk;
-    let dst = &mut dst[..len * CV];
+    let dst = &mut dst[..len * cw];
     let src = |i: usize| &wc[(oc0 + i) * ckk + c0 * kk..][..len];
     let whole = len / 8 * 8;
-    for half in 0..2 {
-        let i0 = half * 8;
+    for eighth in 0..cw / 8 {
+        let i0 = eighth * 8;
         for l0 in (0..whole).step_by(8) {
             let rows = std::array::from_fn(|r| {
                 if i0 + r < ocn {
@@ -101,24 +121,26 @@ fn pack_panel(
                 }
             });
             for (k, v) in transpose8(rows).into_iter().enumerate() {
-                // SAFETY: dst[(l0 + k) * CV + i0..][..8], inside (l0 + k < len).
-                unsafe { _mm256_storeu_ps(dst[(l0 + k) * CV + i0..][..8].as_mut_ptr(), v) };
+                // SAFETY: dst[(l0 + k) * cw + i0..][..8], inside (l0 + k < len).
+                unsafe { _mm256_storeu_ps(dst[(l0 + k) * cw + i0..][..8].as_mut_ptr(), v) };
             }
         }
     }
     for l in whole..len {
-        for i in 0..CV {
-            dst[l * CV + i] = if i < ocn { src(i)[l] } else { 0.0 };
+        for i in 0..cw {
+            dst[l * cw + i] = if i < ocn { src(i)[l] } else { 0.0 };
         }
     }
 }
 
 /// A layer's whole weight (`wc`, `[O, cg, kh, kw]` in `groups` groups of `og` output channels,
-/// `kk = kh * kw`) as [`cv_f32`] reads it, into `dst`: `[group][panel of CV][cg * kk][CV]`,
+/// `kk = kh * kw`) as [`cv_f32`] reads it with panels of `cw` channels, into `dst`:
+/// `[group][panel of cw][cg * kk][cw]`,
 /// each panel the one [`pack_panel`] makes for all its input channels (a pass over channels
 /// `c0..` starts at tap `c0 * kk` of it). Packed once for a caller that knows the weight
 /// constant (`super::PackedWeight`).
 pub(super) fn pack_weight(
+    cw: usize,
     wc: &[f32],
     groups: usize,
     og: usize,
@@ -126,25 +148,29 @@ pub(super) fn pack_weight(
     kk: usize,
     dst: &mut [f32],
 ) {
-    let (ckk, panels) = (cg * kk, og.div_ceil(CV));
+    assert!(
+        cw == CV || (cw == CV512 && has_avx512()),
+        "a panel width this CPU cannot run"
+    );
+    let (ckk, panels) = (cg * kk, og.div_ceil(cw));
     assert_eq!(wc.len(), groups * og * ckk, "conv2d weight length");
     assert_eq!(
         dst.len(),
-        groups * panels * ckk * CV,
+        groups * panels * ckk * cw,
         "packed weight length"
     );
     assert!(cv_applies(kk), "a layer this path does not compute");
-    for (q, panel) in dst.chunks_exact_mut(ckk * CV).enumerate() {
+    for (q, panel) in dst.chunks_exact_mut(ckk * cw).enumerate() {
         let (grp, pi) = (q / panels, q % panels);
-        // SAFETY: AVX2 (`cv_applies`); output channels grp * og + pi * CV.. (+ at most CV,
-        // within the group's og) < o, input channels 0..cg, and `panel` holds kk * cg * CV.
+        // SAFETY: AVX2 (`cv_applies`); output channels grp * og + pi * cw.. (+ at most cw,
+        // within the group's og) < o, input channels 0..cg, and `panel` holds kk * cg * cw.
         #[cfg(target_arch = "x86_64")]
         unsafe {
             pack_panel(
-                (kk, ckk),
+                (kk, ckk, cw),
                 wc,
-                grp * og + pi * CV,
-                CV.min(og - pi * CV),
+                grp * og + pi * cw,
+                cw.min(og - pi * cw),
                 0,
                 cg,
                 panel,
@@ -153,23 +179,30 @@ pub(super) fn pack_weight(
     }
 }
 
-/// Positions `0..npos` of the channel-minor `scratch` (`[position][CV]`), channels `i <
-/// ocn`, to `out + i * ld` (row `i`: `npos` floats).
+/// Positions `0..npos` of the channel-minor `scratch` (`[position][cw]`), channels `i < ocn
+/// <= cw`, to `out + i * ld` (row `i`: `npos` floats).
 ///
 /// # Safety
 /// The CPU supports AVX2; `scratch` holds `npos` rounded up to 8 rows; rows `i < ocn` of
 /// `out` are valid for `npos` writes that no other thread touches.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn unpack_out(scratch: &[f32], npos: usize, ocn: usize, out: *mut f32, ld: usize) {
+unsafe fn unpack_out(
+    scratch: &[f32],
+    cw: usize,
+    npos: usize,
+    ocn: usize,
+    out: *mut f32,
+    ld: usize,
+) {
     use std::arch::x86_64::*;
     for q0 in (0..npos).step_by(8) {
         let n = 8.min(npos - q0);
         for half in 0..ocn.div_ceil(8) {
             let i0 = half * 8;
             let rows = std::array::from_fn(|r| {
-                // SAFETY: row q0 + r < npos rounded up to 8, 8 floats from i0 + 8 <= CV.
-                unsafe { _mm256_loadu_ps(scratch[(q0 + r) * CV + i0..][..8].as_ptr()) }
+                // SAFETY: row q0 + r < npos rounded up to 8, 8 floats from i0 + 8 <= cw.
+                unsafe { _mm256_loadu_ps(scratch[(q0 + r) * cw + i0..][..8].as_ptr()) }
             });
             let cols = transpose8(rows);
             for (k, v) in cols.iter().enumerate().take(ocn - i0) {
@@ -304,6 +337,123 @@ unsafe fn tile(taps: usize, w: *const f32, tab: *const isize, p: &[*const f32; C
     }
 }
 
+/// [`tile`] on a panel of [`CV512`] channels in AVX-512 registers: `acc` holds [`CP`] rows of
+/// [`CV512`] partial sums, tap `s` reads the [`CV512`] weights at `w + CV512 * s`. The same
+/// schedule with vectors twice as wide: each lane is the same chain of fused multiply-adds.
+///
+/// # Safety
+/// As [`tile`] with [`CV512`] for [`CV`]; the CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile512(
+    taps: usize,
+    w: *const f32,
+    tab: *const isize,
+    p: &[*const f32; CP],
+    acc: *mut f32,
+) {
+    macro_rules! tap {
+        ($t:literal, $w0:literal, $w1:literal) => {
+            concat!(
+                "mov {off}, [{tab} + ",
+                $t,
+                "]\n",
+                "vmovups zmm12, [{w} + ",
+                $w0,
+                "]\n",
+                "vmovups zmm13, [{w} + ",
+                $w1,
+                "]\n",
+                "vbroadcastss zmm14, dword ptr [{p0} + {off}]\n",
+                "vfmadd231ps zmm0, zmm12, zmm14\n",
+                "vfmadd231ps zmm1, zmm13, zmm14\n",
+                "vbroadcastss zmm15, dword ptr [{p1} + {off}]\n",
+                "vfmadd231ps zmm2, zmm12, zmm15\n",
+                "vfmadd231ps zmm3, zmm13, zmm15\n",
+                "vbroadcastss zmm14, dword ptr [{p2} + {off}]\n",
+                "vfmadd231ps zmm4, zmm12, zmm14\n",
+                "vfmadd231ps zmm5, zmm13, zmm14\n",
+                "vbroadcastss zmm15, dword ptr [{p3} + {off}]\n",
+                "vfmadd231ps zmm6, zmm12, zmm15\n",
+                "vfmadd231ps zmm7, zmm13, zmm15\n",
+                "vbroadcastss zmm14, dword ptr [{p4} + {off}]\n",
+                "vfmadd231ps zmm8, zmm12, zmm14\n",
+                "vfmadd231ps zmm9, zmm13, zmm14\n",
+                "vbroadcastss zmm15, dword ptr [{p5} + {off}]\n",
+                "vfmadd231ps zmm10, zmm12, zmm15\n",
+                "vfmadd231ps zmm11, zmm13, zmm15\n",
+            )
+        };
+    }
+    // SAFETY: every access is inside the caller's ranges (this function's contract); the
+    // registers written are declared clobbered; no stack use.
+    unsafe {
+        std::arch::asm!(
+            "vmovups zmm0, [{acc}]",
+            "vmovups zmm1, [{acc} + 64]",
+            "vmovups zmm2, [{acc} + 128]",
+            "vmovups zmm3, [{acc} + 192]",
+            "vmovups zmm4, [{acc} + 256]",
+            "vmovups zmm5, [{acc} + 320]",
+            "vmovups zmm6, [{acc} + 384]",
+            "vmovups zmm7, [{acc} + 448]",
+            "vmovups zmm8, [{acc} + 512]",
+            "vmovups zmm9, [{acc} + 576]",
+            "vmovups zmm10, [{acc} + 640]",
+            "vmovups zmm11, [{acc} + 704]",
+            "test {n3}, {n3}",
+            "jz 3f",
+            "2:",
+            tap!("0", "0", "64"),
+            tap!("8", "128", "192"),
+            tap!("16", "256", "320"),
+            "add {w}, 384",
+            "add {tab}, 24",
+            "dec {n3}",
+            "jnz 2b",
+            "3:",
+            "test {n1}, {n1}",
+            "jz 5f",
+            "4:",
+            tap!("0", "0", "64"),
+            "add {w}, 128",
+            "add {tab}, 8",
+            "dec {n1}",
+            "jnz 4b",
+            "5:",
+            "vmovups [{acc}], zmm0",
+            "vmovups [{acc} + 64], zmm1",
+            "vmovups [{acc} + 128], zmm2",
+            "vmovups [{acc} + 192], zmm3",
+            "vmovups [{acc} + 256], zmm4",
+            "vmovups [{acc} + 320], zmm5",
+            "vmovups [{acc} + 384], zmm6",
+            "vmovups [{acc} + 448], zmm7",
+            "vmovups [{acc} + 512], zmm8",
+            "vmovups [{acc} + 576], zmm9",
+            "vmovups [{acc} + 640], zmm10",
+            "vmovups [{acc} + 704], zmm11",
+            acc = in(reg) acc,
+            w = inout(reg) w => _,
+            tab = inout(reg) tab => _,
+            n3 = inout(reg) taps / 3 => _,
+            n1 = inout(reg) taps % 3 => _,
+            off = out(reg) _,
+            p0 = in(reg) p[0],
+            p1 = in(reg) p[1],
+            p2 = in(reg) p[2],
+            p3 = in(reg) p[3],
+            p4 = in(reg) p[4],
+            p5 = in(reg) p[5],
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+            out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+            options(nostack),
+        );
+    }
+}
+
 /// Output positions a block holds at least (where the layer has them).
 const MIN_BLOCK: usize = 192;
 
@@ -318,6 +468,7 @@ const PASS_TAPS: usize = 256;
 /// own start: `c * cs + ki * dh * ws + kj * dw`, whatever the stride.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn cv_f32(
+    cw: usize,
     g: &Geom,
     xc: &[f32],
     wc: &[f32],
@@ -329,7 +480,12 @@ pub(super) fn cv_f32(
 ) {
     let (cg, og, pos) = (g.cg(), g.og(), g.positions());
     let kk = g.kh * g.kw;
-    let panels = og.div_ceil(CV);
+    // the panel width, and with it the packed weights' layout and the tile (AVX2 or AVX-512)
+    assert!(
+        cw == CV || (cw == CV512 && has_avx512()),
+        "a panel width this CPU cannot run"
+    );
+    let panels = og.div_ceil(cw);
     // the slab's row width and the rows a block of `r` output rows reads
     let ws = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
     let rows_in = |r: usize| (r - 1) * g.sh + (g.kh - 1) * g.dh + 1;
@@ -346,15 +502,15 @@ pub(super) fn cv_f32(
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
     let max_rows = g.oh.div_ceil(blocks);
     let slab_len = cg * rows_in(max_rows) * ws;
-    let nc = cg.div_ceil(cg.div_ceil((PASS_TAPS / kk).max(1)));
+    let nc = cg.div_ceil(cg.div_ceil((pass_taps(cw) / kk).max(1)));
     // slab column q holds input column q - pl: columns lo..hi are inside the input
     let lo = g.pl.min(ws);
     let hi = (g.pl + g.w).min(ws);
-    let scratch_len = (max_rows * g.ow).div_ceil(CP * 8) * CP * 8 * CV;
+    let scratch_len = (max_rows * g.ow).div_ceil(CP * 8) * CP * 8 * cw;
     parallel_for(pool, split.tasks, 1, |range| {
         // (a fresh slab and scratch per call cost page faults and zeroing: a 128 -> 32 1x1
         // layer at 27x27 took 0.14 ms instead of 0.08; every value read is written first)
-        with_scratch::<f32, _>(slab_len + scratch_len + nc * kk * CV, |buf| {
+        with_scratch::<f32, _>(slab_len + scratch_len + nc * kk * cw, |buf| {
             let (slab, rest) = buf.split_at_mut(slab_len);
             let (scratch, wbuf) = rest.split_at_mut(scratch_len);
             let mut offs: Vec<usize> = Vec::new();
@@ -392,10 +548,10 @@ pub(super) fn cv_f32(
                         ((c * cs + ki * g.dh * ws + kj * g.dw) * size_of::<f32>()) as isize
                     }));
                     for pi in panel_range.clone() {
-                        let oc0 = grp * og + pi * CV;
-                        let ocn = CV.min(og - pi * CV);
+                        let oc0 = grp * og + pi * cw;
+                        let ocn = cw.min(og - pi * cw);
                         for q in 0..npos.div_ceil(CP) * CP {
-                            let row = &mut scratch[q * CV..][..CV];
+                            let row = &mut scratch[q * cw..][..cw];
                             row[..ocn].copy_from_slice(&bc[oc0..oc0 + ocn]);
                             row[ocn..].fill(0.0);
                         }
@@ -404,15 +560,15 @@ pub(super) fn cv_f32(
                             // the pass's weights: prepacked (the panel's taps from c0 * kk
                             // on), or packed now into `wbuf`
                             let wp = match prepacked {
-                                Some(pw) => pw[((grp * panels + pi) * cg + c0) * kk * CV..]
-                                    [..ncc * kk * CV]
+                                Some(pw) => pw[((grp * panels + pi) * cg + c0) * kk * cw..]
+                                    [..ncc * kk * cw]
                                     .as_ptr(),
                                 None => {
                                     // SAFETY: AVX2 (`cv_applies`); oc0 + ocn <= o, c0 + ncc <=
-                                    // cg, wbuf holds kk * nc * CV.
+                                    // cg, wbuf holds kk * nc * cw.
                                     #[cfg(target_arch = "x86_64")]
                                     unsafe {
-                                        pack_panel((kk, g.ckk()), wc, oc0, ocn, c0, ncc, wbuf)
+                                        pack_panel((kk, g.ckk(), cw), wc, oc0, ocn, c0, ncc, wbuf)
                                     };
                                     wbuf.as_ptr()
                                 }
@@ -423,21 +579,21 @@ pub(super) fn cv_f32(
                                 });
                                 // SAFETY: scratch rows t0..t0 + CP exist (its length is npos
                                 // rounded up to CP rows); the panel's weights for channels c0..c0
-                                // + ncc are kk * ncc * CV floats at wp (in wbuf, or a
+                                // + ncc are kk * ncc * cw floats at wp (in wbuf, or a
                                 // bounds-checked slice of the prepacked panel); tab has nc * kk >= ncc
                                 // * kk entries; position j's tap (c0 + c, ki, kj) reads the slab
                                 // at (c0 + c) * cs + (its row * sh + ki * dh) * ws + its column *
                                 // sw + kj * dw: a row < rin and a column < ws, inside the block's
-                                // cg * cs values; the CPU has AVX2 and FMA.
+                                // cg * cs values; the CPU has AVX2 and FMA, and AVX-512F where
+                                // `panel_width` chose CV512 (it reports no level the CPU lacks).
                                 #[cfg(target_arch = "x86_64")]
                                 unsafe {
-                                    tile(
-                                        kk * ncc,
-                                        wp,
-                                        tab.as_ptr(),
-                                        &p,
-                                        scratch[t0 * CV..].as_mut_ptr(),
-                                    )
+                                    let acc = scratch[t0 * cw..].as_mut_ptr();
+                                    if cw == CV512 {
+                                        tile512(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                    } else {
+                                        tile(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                    }
                                 };
                             }
                         }
@@ -447,7 +603,7 @@ pub(super) fn cv_f32(
                         // output, and only this task's (its panels, its rows).
                         #[cfg(target_arch = "x86_64")]
                         unsafe {
-                            unpack_out(scratch, npos, ocn, op.ptr().add(at0), pos)
+                            unpack_out(scratch, cw, npos, ocn, op.ptr().add(at0), pos)
                         };
                         if let Some(steps) = epi {
                             for i in 0..ocn {
