@@ -1064,19 +1064,44 @@ const SCRATCH_KEEP: usize = 4 << 20;
 #[inline(always)]
 pub fn with_scratch<C: Real, R>(n: usize, f: impl FnOnce(&mut [C]) -> R) -> R {
     const { assert!(std::mem::align_of::<C>() <= std::mem::align_of::<u64>()) };
-    let words = (n * std::mem::size_of::<C>()).div_ceil(8);
+    // (7 words more, to start the slice on a cache line: see [`LineAligned`])
+    let words = (n * std::mem::size_of::<C>()).div_ceil(8) + 7;
     let mut v = SCRATCH.with(|s| s.take());
     if v.len() < words {
         v.resize(words, 0);
     }
-    // SAFETY: `v` holds at least `n * size_of::<C>()` initialised bytes, aligned for `C`
-    // (checked above), and every bit pattern is a valid `C` (f32 or f64, the only `Real`s);
-    // `v` is owned here and not touched while the slice lives.
-    let r = f(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<C>(), n) });
+    let off = v.as_ptr().align_offset(64).min(7);
+    // SAFETY: `v` holds at least `n * size_of::<C>()` initialised bytes from word `off` <= 7
+    // on, aligned for `C` (checked above), and every bit pattern is a valid `C` (f32 or f64,
+    // the only `Real`s); `v` is owned here and not touched while the slice lives.
+    let r = f(unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().add(off).cast::<C>(), n) });
     if v.len() * 8 <= SCRATCH_KEEP {
         SCRATCH.with(|s| s.set(v));
     }
     r
+}
+
+/// `len` floats, zeroed, from a 64-byte boundary: a cache line, so that no 512-bit load or
+/// store of a vector at a multiple of 16 floats splits across two lines (an allocation is only
+/// 16-byte aligned, and then every such load of a packed weight panel straddled two lines).
+pub struct LineAligned {
+    buf: Vec<f32>,
+    off: usize,
+    len: usize,
+}
+
+impl LineAligned {
+    pub fn zeroed(len: usize) -> Self {
+        let buf = vec![0f32; len + 15];
+        let off = buf.as_ptr().align_offset(64).min(15);
+        LineAligned { buf, off, len }
+    }
+    pub fn as_slice(&self) -> &[f32] {
+        &self.buf[self.off..self.off + self.len]
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
 }
 
 /// Grain (in lanes) so a task gets about [`GRAIN`] elements.

@@ -17,8 +17,8 @@
 mod cv;
 
 use crate::common::{
-    copy_short, every_other, in_ptr, simd_level, with_float, with_simd, Num, OutPtr, Real, Scalar,
-    SimdLevel,
+    copy_short, every_other, in_ptr, simd_level, with_float, with_simd, LineAligned, Num, OutPtr,
+    Real, Scalar, SimdLevel,
 };
 use crate::elementwise::req;
 use gemm::{gemm, Parallelism};
@@ -1326,7 +1326,7 @@ struct PackedWeight {
     /// [`F32Path::Tiles`]: `[group][panel of MR][ckk][MR]` (output channels past the group's
     /// zero); [`F32Path::ChannelVectorized`]: `[group][panel of cw][ckk][cw]` (the layout
     /// `cv::pack_panel` makes for one pass, over all of a panel's input channels).
-    data: Vec<f32>,
+    data: LineAligned,
 }
 
 impl PackedWeight {
@@ -1335,7 +1335,7 @@ impl PackedWeight {
             && self.dtype == wt.dtype
             && self.groups == groups
             && self.path == path
-            && self.data.len() == Self::len(&self.shape, groups, path)
+            && self.data.as_slice().len() == Self::len(&self.shape, groups, path)
     }
 
     /// The packed length of weight `shape` (`[O, C/g, KH, KW]`) in `groups` groups on `path`.
@@ -1370,7 +1370,8 @@ fn conv2d_prepack(input: usize, w: &TensorRef, attrs: &Attrs) -> Option<kernel_c
         DType::BF16 => as_f32::<bf16>(w).ok()?,
         _ => return None,
     };
-    let mut data = vec![0f32; PackedWeight::len(&w.shape, groups, path)];
+    let mut packed = LineAligned::zeroed(PackedWeight::len(&w.shape, groups, path));
+    let data = packed.as_mut_slice();
     match path {
         F32Path::Depthwise => return None,
         F32Path::Tiles => {
@@ -1385,16 +1386,14 @@ fn conv2d_prepack(input: usize, w: &TensorRef, attrs: &Attrs) -> Option<kernel_c
                 }
             }
         }
-        F32Path::ChannelVectorized(cw) => {
-            cv::pack_weight(cw, &wc, groups, og, cg, kh * kw, &mut data)
-        }
+        F32Path::ChannelVectorized(cw) => cv::pack_weight(cw, &wc, groups, og, cg, kh * kw, data),
     }
     Some(Box::new(PackedWeight {
         shape: w.shape.to_vec(),
         dtype: w.dtype,
         groups,
         path,
-        data,
+        data: packed,
     }))
 }
 
@@ -1498,7 +1497,7 @@ fn conv2d_f32<T: Scalar<C = f32>>(ctx: &mut KernelCtx) -> Result<()> {
     let prepacked = ctx
         .prepacked::<PackedWeight>(1)
         .filter(|p| p.fits(wt, g.g, path))
-        .map(|p| &p.data[..]);
+        .map(|p| p.data.as_slice());
     // A fused elementwise op (`KernelCtx::take_epilogue`) is applied to each finished block of
     // an f32 output in place by the tile paths, while the block is in cache; the depthwise path
     // and the half types leave it to the call path (after the whole output).
@@ -1973,14 +1972,12 @@ fn gemm_tiles_f32(
     let kc = ckk.div_ceil(ckk.div_ceil(256 * NR / nr).max(1)).max(1);
     parallel_for(pool, split.tasks, 1, |range| {
         let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
-        let mut packed = vec![
-            0f32;
-            if direct && split.per >= 16 {
-                kc * nr
-            } else {
-                0
-            }
-        ];
+        let mut packed_b = LineAligned::zeroed(if direct && split.per >= 16 {
+            kc * nr
+        } else {
+            0
+        });
+        let packed = packed_b.as_mut_slice();
         for t in range {
             let Some((img, grp, bs, panel_range)) = split.task(t) else {
                 continue;
@@ -2763,7 +2760,11 @@ mod depthwise_tests {
             // the kernel computes from the packed copy: its first weight (output channel 0,
             // kernel row 0 on either layout) altered changes output channel 0
             let mut altered = pack();
-            altered.downcast_mut::<PackedWeight>().unwrap().data[0] += 1.0;
+            altered
+                .downcast_mut::<PackedWeight>()
+                .unwrap()
+                .data
+                .as_mut_slice()[0] += 1.0;
             assert_ne!(bits(&run(&[(1, altered)])), bits(&plain), "{case}");
             // a form packed for one more output channel, or for another group count, does
             // not fit this weight: computed from the weight itself

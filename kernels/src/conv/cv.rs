@@ -501,7 +501,9 @@ pub(super) fn cv_f32(
     let blocks = split.blocks;
     let block_rows = |b: usize| (b * g.oh / blocks, (b + 1) * g.oh / blocks);
     let max_rows = g.oh.div_ceil(blocks);
-    let slab_len = cg * rows_in(max_rows) * ws;
+    // (rounded up to a cache line's 16 floats: the scratch and the weight buffer after it start
+    // on one, so no vector load or store of theirs splits across two lines)
+    let slab_len = (cg * rows_in(max_rows) * ws).next_multiple_of(16);
     let nc = cg.div_ceil(cg.div_ceil((pass_taps(cw) / kk).max(1)));
     // slab column q holds input column q - pl: columns lo..hi are inside the input
     let lo = g.pl.min(ws);
