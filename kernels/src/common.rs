@@ -1301,7 +1301,7 @@ mod tests {
     }
 
     #[test]
-    fn scratch_is_reused_nested_calls_get_their_own_and_large_ones_are_not_kept() {
+    fn scratch_is_reused_line_aligned_nested_calls_get_their_own_and_large_ones_are_not_kept() {
         let kept = || {
             SCRATCH.with(|s| {
                 let v = s.take();
@@ -1310,8 +1310,12 @@ mod tests {
                 (p, len)
             })
         };
+        let line = super::LineAligned::zeroed(100);
+        assert_eq!(line.as_slice().as_ptr() as usize % 64, 0);
+        assert_eq!(line.as_slice().len(), 100);
         with_scratch::<f32, _>(1000, |a| {
             assert_eq!(a.len(), 1000);
+            assert_eq!(a.as_ptr() as usize % 64, 0, "from a cache line's start");
             a.fill(1.5);
             with_scratch::<f64, _>(300, |b| {
                 assert_eq!(b.len(), 300);
@@ -1323,7 +1327,8 @@ mod tests {
         let (p, len) = kept();
         assert!(len * 8 >= 1000 * 4, "a buffer is kept for the next call");
         let again = with_scratch::<f32, _>(500, |a| a.as_ptr() as usize);
-        assert_eq!(again, p, "the next call reuses it");
+        assert_eq!(again, p.next_multiple_of(64), "the next call reuses it");
+        assert_eq!(again % 64, 0, "from a cache line's start");
         with_scratch::<f64, _>(SCRATCH_KEEP / 8 + 1, |a| a.fill(0.0));
         assert!(
             kept().1 * 8 <= SCRATCH_KEEP,
