@@ -1304,7 +1304,7 @@ impl F32Path {
         if cg == 1 && og < MR {
             F32Path::Depthwise
         } else if cv::cv_applies(kh * kw) {
-            F32Path::ChannelVectorized(cv::panel_width())
+            F32Path::ChannelVectorized(cv::panel_width(og))
         } else {
             F32Path::Tiles
         }
@@ -2616,7 +2616,7 @@ mod depthwise_tests {
             let len = g.n * g.o * g.positions();
             let (mut cv, mut tiles) = (vec![f32::NAN; len], vec![f32::NAN; len]);
             cv::cv_f32(
-                cv::panel_width(),
+                cv::panel_width(g.og()),
                 &g,
                 &x,
                 &w,

@@ -231,15 +231,16 @@ fn rng_ints(v: &[f64]) -> Vec<f64> {
 }
 
 /// conv2d's f32 paths at every level: the 1x1 and im2col tiles (16 positions a tile on AVX2,
-/// 32 on AVX-512, with half tiles, masked tails and the one-or-two-position tail of packed
-/// weights), the channel-vectorized path (panels of 16 output channels on AVX2, 32 on AVX-512,
-/// a half-empty last panel, several channel passes), each unpacked, with its weight prepacked
+/// 32 on AVX-512, two panels a tile on small planes, with half tiles, masked tails and the
+/// one-or-two-position tail of packed weights), the channel-vectorized path (panels of 16
+/// output channels on AVX2, 32 or 64 on AVX-512, a part-empty last panel, several channel
+/// passes), each unpacked, with its weight prepacked
 /// at that level (as ONNX Runtime's provider does), and with a fused relu epilogue: the bits of
 /// the baseline build's unpacked call, and within float32 rounding of a float64 convolution.
 #[test]
 fn conv2d_paths_same_bits_at_every_level_packed_or_not() {
     // (channels, height, width, outputs, kernel, stride, padding, groups)
-    let cases: [[usize; 8]; 9] = [
+    let cases: [[usize; 8]; 11] = [
         [40, 7, 7, 20, 1, 1, 0, 1],   // 49 positions: a tile of 32 and one of 17
         [24, 3, 11, 50, 1, 1, 0, 1],  // 33: a tail of one, 9 panels
         [16, 2, 17, 100, 1, 1, 0, 1], // 34: a tail of two, 17 panels (packed B)
@@ -249,6 +250,8 @@ fn conv2d_paths_same_bits_at_every_level_packed_or_not() {
         [70, 10, 10, 40, 3, 1, 1, 1], // several channel passes
         [6, 11, 13, 10, 5, 2, 2, 2],  // grouped, strided
         [3, 20, 20, 16, 7, 2, 3, 1],  // a ResNet stem
+        [20, 6, 7, 112, 3, 1, 1, 1],  // channel panels 64 + 48 on AVX-512, three passes
+        [128, 5, 5, 128, 3, 1, 1, 2], // two groups of 64 output channels, nine passes
     ];
     let conv = polyop_kernels::registry().lookup("conv2d").unwrap();
     let relu = match polyop_kernels::registry().lookup("relu").unwrap().epilogue {

@@ -19,6 +19,9 @@ use kernel_core::{parallel_for, Epilogue};
 const CV: usize = 16;
 /// Output channels per panel on AVX-512 (two AVX-512 vectors).
 const CV512: usize = 32;
+/// Output channels per panel on AVX-512 for layers with at least this many per group (four
+/// AVX-512 vectors: 24 accumulators, each broadcast input value used four times).
+const CV512X4: usize = 64;
 /// Output positions per tile.
 const CP: usize = 6;
 
@@ -36,14 +39,19 @@ pub(super) fn cv_applies(kernel_taps: usize) -> bool {
         && !*OFF.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "0"))
 }
 
-/// Output channels per panel at the level the CPU runs now ([`simd_level`]): two vectors of
-/// its widest registers. The packed weights and the tile follow it, so a weight packed once
-/// (`super::PackedWeight`) records the width it was packed for.
-pub(super) fn panel_width() -> usize {
-    if simd_level() == SimdLevel::Avx512 {
-        CV512
-    } else {
+/// Output channels per panel for a layer of `og` output channels per group, at the level the
+/// CPU runs now ([`simd_level`]): two vectors of its widest registers, or on AVX-512 four
+/// where the panels stay mostly full (`og` a multiple of 64, or leaving more than 32 in the
+/// last: DenseNet's 32-channel layers would waste half of every tile). The packed weights and
+/// the tile follow it, so a weight packed once (`super::PackedWeight`) records the width it was
+/// packed for.
+pub(super) fn panel_width(og: usize) -> usize {
+    if simd_level() != SimdLevel::Avx512 {
         CV
+    } else if og >= CV512X4 && (og.is_multiple_of(CV512X4) || og % CV512X4 > CV512) {
+        CV512X4
+    } else {
+        CV512
     }
 }
 
@@ -149,7 +157,7 @@ pub(super) fn pack_weight(
     dst: &mut [f32],
 ) {
     assert!(
-        cw == CV || (cw == CV512 && has_avx512()),
+        cw == CV || ((cw == CV512 || cw == CV512X4) && has_avx512()),
         "a panel width this CPU cannot run"
     );
     let (ckk, panels) = (cg * kk, og.div_ceil(cw));
@@ -454,6 +462,159 @@ unsafe fn tile512(
     }
 }
 
+/// [`tile`] on a panel of [`CV512X4`] channels in AVX-512 registers: `acc` holds [`CP`] rows
+/// of [`CV512X4`] partial sums (position `j`'s four vectors in accumulators `4j..4j + 4`), tap
+/// `s` reads the [`CV512X4`] weights at `w + CV512X4 * s`. Each lane is the same chain of fused
+/// multiply-adds as in [`tile`].
+///
+/// # Safety
+/// As [`tile`] with [`CV512X4`] for [`CV`]; the CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile512x4(
+    taps: usize,
+    w: *const f32,
+    tab: *const isize,
+    p: &[*const f32; CP],
+    acc: *mut f32,
+) {
+    // One tap: its offset, the four weight vectors, then each position's value broadcast and
+    // multiplied into its four accumulators.
+    macro_rules! tap {
+        ($t:literal, $w:literal) => {
+            concat!(
+                "mov {off}, [{tab} + ",
+                $t,
+                "]\n",
+                "vmovups zmm24, [{w} + ",
+                $w,
+                "]\n",
+                "vmovups zmm25, [{w} + ",
+                $w,
+                " + 64]\n",
+                "vmovups zmm26, [{w} + ",
+                $w,
+                " + 128]\n",
+                "vmovups zmm27, [{w} + ",
+                $w,
+                " + 192]\n",
+                "vbroadcastss zmm28, dword ptr [{p0} + {off}]\n",
+                "vfmadd231ps zmm0, zmm24, zmm28\n",
+                "vfmadd231ps zmm1, zmm25, zmm28\n",
+                "vfmadd231ps zmm2, zmm26, zmm28\n",
+                "vfmadd231ps zmm3, zmm27, zmm28\n",
+                "vbroadcastss zmm29, dword ptr [{p1} + {off}]\n",
+                "vfmadd231ps zmm4, zmm24, zmm29\n",
+                "vfmadd231ps zmm5, zmm25, zmm29\n",
+                "vfmadd231ps zmm6, zmm26, zmm29\n",
+                "vfmadd231ps zmm7, zmm27, zmm29\n",
+                "vbroadcastss zmm28, dword ptr [{p2} + {off}]\n",
+                "vfmadd231ps zmm8, zmm24, zmm28\n",
+                "vfmadd231ps zmm9, zmm25, zmm28\n",
+                "vfmadd231ps zmm10, zmm26, zmm28\n",
+                "vfmadd231ps zmm11, zmm27, zmm28\n",
+                "vbroadcastss zmm29, dword ptr [{p3} + {off}]\n",
+                "vfmadd231ps zmm12, zmm24, zmm29\n",
+                "vfmadd231ps zmm13, zmm25, zmm29\n",
+                "vfmadd231ps zmm14, zmm26, zmm29\n",
+                "vfmadd231ps zmm15, zmm27, zmm29\n",
+                "vbroadcastss zmm28, dword ptr [{p4} + {off}]\n",
+                "vfmadd231ps zmm16, zmm24, zmm28\n",
+                "vfmadd231ps zmm17, zmm25, zmm28\n",
+                "vfmadd231ps zmm18, zmm26, zmm28\n",
+                "vfmadd231ps zmm19, zmm27, zmm28\n",
+                "vbroadcastss zmm29, dword ptr [{p5} + {off}]\n",
+                "vfmadd231ps zmm20, zmm24, zmm29\n",
+                "vfmadd231ps zmm21, zmm25, zmm29\n",
+                "vfmadd231ps zmm22, zmm26, zmm29\n",
+                "vfmadd231ps zmm23, zmm27, zmm29\n",
+            )
+        };
+    }
+    // SAFETY: every access is inside the caller's ranges (this function's contract); the
+    // registers written are declared clobbered; no stack use.
+    unsafe {
+        std::arch::asm!(
+            "vmovups zmm0, [{acc} + 0]",
+            "vmovups zmm1, [{acc} + 64]",
+            "vmovups zmm2, [{acc} + 128]",
+            "vmovups zmm3, [{acc} + 192]",
+            "vmovups zmm4, [{acc} + 256]",
+            "vmovups zmm5, [{acc} + 320]",
+            "vmovups zmm6, [{acc} + 384]",
+            "vmovups zmm7, [{acc} + 448]",
+            "vmovups zmm8, [{acc} + 512]",
+            "vmovups zmm9, [{acc} + 576]",
+            "vmovups zmm10, [{acc} + 640]",
+            "vmovups zmm11, [{acc} + 704]",
+            "vmovups zmm12, [{acc} + 768]",
+            "vmovups zmm13, [{acc} + 832]",
+            "vmovups zmm14, [{acc} + 896]",
+            "vmovups zmm15, [{acc} + 960]",
+            "vmovups zmm16, [{acc} + 1024]",
+            "vmovups zmm17, [{acc} + 1088]",
+            "vmovups zmm18, [{acc} + 1152]",
+            "vmovups zmm19, [{acc} + 1216]",
+            "vmovups zmm20, [{acc} + 1280]",
+            "vmovups zmm21, [{acc} + 1344]",
+            "vmovups zmm22, [{acc} + 1408]",
+            "vmovups zmm23, [{acc} + 1472]",
+            "test {n2}, {n2}",
+            "jz 3f",
+            "2:",
+            tap!("0", "0"),
+            tap!("8", "256"),
+            "add {w}, 512",
+            "add {tab}, 16",
+            "dec {n2}",
+            "jnz 2b",
+            "3:",
+            "test {n1}, {n1}",
+            "jz 5f",
+            tap!("0", "0"),
+            "5:",
+            "vmovups [{acc} + 0], zmm0",
+            "vmovups [{acc} + 64], zmm1",
+            "vmovups [{acc} + 128], zmm2",
+            "vmovups [{acc} + 192], zmm3",
+            "vmovups [{acc} + 256], zmm4",
+            "vmovups [{acc} + 320], zmm5",
+            "vmovups [{acc} + 384], zmm6",
+            "vmovups [{acc} + 448], zmm7",
+            "vmovups [{acc} + 512], zmm8",
+            "vmovups [{acc} + 576], zmm9",
+            "vmovups [{acc} + 640], zmm10",
+            "vmovups [{acc} + 704], zmm11",
+            "vmovups [{acc} + 768], zmm12",
+            "vmovups [{acc} + 832], zmm13",
+            "vmovups [{acc} + 896], zmm14",
+            "vmovups [{acc} + 960], zmm15",
+            "vmovups [{acc} + 1024], zmm16",
+            "vmovups [{acc} + 1088], zmm17",
+            "vmovups [{acc} + 1152], zmm18",
+            "vmovups [{acc} + 1216], zmm19",
+            "vmovups [{acc} + 1280], zmm20",
+            "vmovups [{acc} + 1344], zmm21",
+            "vmovups [{acc} + 1408], zmm22",
+            "vmovups [{acc} + 1472], zmm23",
+            acc = in(reg) acc,
+            w = inout(reg) w => _,
+            tab = inout(reg) tab => _,
+            n2 = inout(reg) taps / 2 => _,
+            n1 = in(reg) taps % 2,
+            off = out(reg) _,
+            p0 = in(reg) p[0],
+            p1 = in(reg) p[1],
+            p2 = in(reg) p[2],
+            p3 = in(reg) p[3],
+            p4 = in(reg) p[4],
+            p5 = in(reg) p[5],
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _, out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("zmm28") _, out("zmm29") _,
+            options(nostack),
+        );
+    }
+}
+
 /// Output positions a block holds at least (where the layer has them).
 const MIN_BLOCK: usize = 192;
 
@@ -482,7 +643,7 @@ pub(super) fn cv_f32(
     let kk = g.kh * g.kw;
     // the panel width, and with it the packed weights' layout and the tile (AVX2 or AVX-512)
     assert!(
-        cw == CV || (cw == CV512 && has_avx512()),
+        cw == CV || ((cw == CV512 || cw == CV512X4) && has_avx512()),
         "a panel width this CPU cannot run"
     );
     let panels = og.div_ceil(cw);
@@ -587,11 +748,13 @@ pub(super) fn cv_f32(
                                 // at (c0 + c) * cs + (its row * sh + ki * dh) * ws + its column *
                                 // sw + kj * dw: a row < rin and a column < ws, inside the block's
                                 // cg * cs values; the CPU has AVX2 and FMA, and AVX-512F where
-                                // `panel_width` chose CV512 (it reports no level the CPU lacks).
+                                // `panel_width` chose CV512 or CV512X4 (checked above).
                                 #[cfg(target_arch = "x86_64")]
                                 unsafe {
                                     let acc = scratch[t0 * cw..].as_mut_ptr();
-                                    if cw == CV512 {
+                                    if cw == CV512X4 {
+                                        tile512x4(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                    } else if cw == CV512 {
                                         tile512(kk * ncc, wp, tab.as_ptr(), &p, acc)
                                     } else {
                                         tile(kk * ncc, wp, tab.as_ptr(), &p, acc)
