@@ -1303,7 +1303,7 @@ impl F32Path {
     fn of(kh: usize, kw: usize, cg: usize, og: usize) -> F32Path {
         if cg == 1 && og < MR {
             F32Path::Depthwise
-        } else if cv::cv_applies(kh * kw) {
+        } else if cv::cv_applies(kh * kw, cg) {
             F32Path::ChannelVectorized(cv::panel_width(og))
         } else {
             F32Path::Tiles

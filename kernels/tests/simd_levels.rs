@@ -240,18 +240,19 @@ fn rng_ints(v: &[f64]) -> Vec<f64> {
 #[test]
 fn conv2d_paths_same_bits_at_every_level_packed_or_not() {
     // (channels, height, width, outputs, kernel, stride, padding, groups)
-    let cases: [[usize; 8]; 11] = [
+    let cases: [[usize; 8]; 12] = [
         [40, 7, 7, 20, 1, 1, 0, 1],   // 49 positions: a tile of 32 and one of 17
         [24, 3, 11, 50, 1, 1, 0, 1],  // 33: a tail of one, 9 panels
         [16, 2, 17, 100, 1, 1, 0, 1], // 34: a tail of two, 17 panels (packed B)
         [300, 5, 5, 13, 1, 1, 0, 1],  // three channel passes
         [12, 9, 9, 7, 1, 2, 0, 1],    // 1x1 stride 2: im2col
-        [5, 6, 9, 48, 3, 1, 1, 1],    // channel panels 32 + 16 on AVX-512
+        [12, 6, 9, 48, 3, 1, 1, 1],   // channel panels 32 + 16 on AVX-512
         [70, 10, 10, 40, 3, 1, 1, 1], // several channel passes
-        [6, 11, 13, 10, 5, 2, 2, 2],  // grouped, strided
+        [8, 11, 13, 10, 5, 2, 2, 2],  // grouped, strided
         [3, 20, 20, 16, 7, 2, 3, 1],  // a ResNet stem
         [20, 6, 7, 112, 3, 1, 1, 1],  // channel panels 64 + 48 on AVX-512, three passes
         [128, 5, 5, 128, 3, 1, 1, 2], // two groups of 64 output channels, nine passes
+        [3, 15, 17, 20, 3, 2, 1, 1],  // 27 kernel rows: an im2col stem on the tiles
     ];
     let conv = polyop_kernels::registry().lookup("conv2d").unwrap();
     let relu = match polyop_kernels::registry().lookup("relu").unwrap().epilogue {

@@ -12,7 +12,7 @@
 //! the bits do not change.
 
 use super::{simd_level, split_work, Geom, OutPtr, SimdLevel, SLAB_FLOATS};
-use crate::common::{has_avx512, with_scratch};
+use crate::common::{has_avx2_fma, has_avx512, with_scratch};
 use kernel_core::{parallel_for, Epilogue};
 
 /// Output channels per panel on AVX2 (two AVX2 vectors).
@@ -25,16 +25,25 @@ const CV512X4: usize = 64;
 /// Output positions per tile.
 const CP: usize = 6;
 
-/// Whether [`cv_f32`] computes a layer whose kernel has `kernel_taps` (`kh * kw`) taps, not
-/// depthwise: a kernel larger than 1x1, on a CPU with AVX2 and
-/// FMA. (1x1 layers stay on the im2col tiles: read from channel planes, this path's pass of 256
-/// channels touched 256 lines of input beside its weights and lost; from a position-major copy
-/// it matched the tiles on large layers and lost on small ones; docs/benchmarks.md.)
-/// `POLYOP_CONV_CV=0` turns the path off, to measure it against the tiles; the bits are the
-/// same either way.
-pub(super) fn cv_applies(kernel_taps: usize) -> bool {
+/// Kernel rows (`cg * kh * kw`) below which a layer stays on the im2col tiles: with few taps
+/// per output, this path's fixed work per position (its scratch row, the transpose into the
+/// output) outweighs the multiply-adds, while an im2col copy of few rows is cheap. One thread,
+/// prepacked weights, AVX-512 (AVX2): a 3 -> 64 3x3 stride-2 stem (27 rows) 0.86-0.92 ms here
+/// against 0.48-0.58 (0.89 against 0.65) on the tiles; 8 -> 64 3x3 (72) 1.26 against 0.99;
+/// 11 -> 64 3x3 (99) 0.34 against 0.39 and 3 -> 64 7x7 (147) 1.87 against 2.1-2.2 here.
+const MIN_ROWS: usize = 96;
+
+/// Whether [`cv_f32`] computes a layer whose kernel has `kernel_taps` (`kh * kw`) taps over
+/// `cg` input channels a group, not depthwise: a kernel larger than 1x1 with at least
+/// [`MIN_ROWS`] kernel rows, on a CPU with AVX2 and FMA. (1x1 layers stay on the im2col tiles:
+/// read from channel planes, this path's pass of 256 channels touched 256 lines of input beside
+/// its weights and lost; from a position-major copy it matched the tiles on large layers and
+/// lost on small ones; docs/benchmarks.md.) `POLYOP_CONV_CV=0` turns the path off, to measure it
+/// against the tiles; the bits are the same either way.
+pub(super) fn cv_applies(kernel_taps: usize, cg: usize) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     kernel_taps > 1
+        && cg * kernel_taps >= MIN_ROWS
         && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
         && !*OFF.get_or_init(|| std::env::var("POLYOP_CONV_CV").is_ok_and(|v| v == "0"))
 }
@@ -167,10 +176,10 @@ pub(super) fn pack_weight(
         groups * panels * ckk * cw,
         "packed weight length"
     );
-    assert!(cv_applies(kk), "a layer this path does not compute");
+    assert!(has_avx2_fma(), "packing for this path needs AVX2");
     for (q, panel) in dst.chunks_exact_mut(ckk * cw).enumerate() {
         let (grp, pi) = (q / panels, q % panels);
-        // SAFETY: AVX2 (`cv_applies`); output channels grp * og + pi * cw.. (+ at most cw,
+        // SAFETY: AVX2 (checked above); output channels grp * og + pi * cw.. (+ at most cw,
         // within the group's og) < o, input channels 0..cg, and `panel` holds kk * cg * cw.
         #[cfg(target_arch = "x86_64")]
         unsafe {
