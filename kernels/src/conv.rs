@@ -1177,11 +1177,14 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
 
 /// [`tile_f32`] in AVX-512 for up to [`NR512`] columns: `2 * ROWS` accumulators of 16 lanes
 /// (`ROWS` rows x two vectors), otherwise as [`tile_avx2`] (rows from `mr` on repeat row `mr -
-/// 1`, computed and never stored). `FULL`: `n == NR512`; otherwise `b` is read and `c` written
-/// through lane masks. `HALF` (`n <= 16`, not `FULL`): only the first vector of each row.
+/// 1`, computed and never stored). Weight rows `r < MR` start at `a + r * lda`, rows `MR..` (a
+/// second panel, [`tile_pair_avx512`]) at `a2 + (r - MR) * lda`. `FULL`: `n == NR512`;
+/// otherwise `b` is read and `c` written through lane masks. `HALF` (`n <= 16`, not `FULL`):
+/// only the first vector of each row.
 ///
 /// # Safety
-/// As [`tile_f32`] with `n <= NR512`, `mr <= ROWS <= MR`; the CPU supports AVX-512F.
+/// As [`tile_f32`] with `n <= NR512`, `mr <= ROWS <= 2 * MR` (weight rows from `MR` on at
+/// `a2`), `bias` valid for `ROWS` reads; the CPU supports AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -1210,7 +1213,7 @@ unsafe fn tile_avx512<const FULL: bool, const HALF: bool, const ROWS: usize>(
     let mut acc = [_mm512_setzero_ps(); 4 * MR];
     for r in 0..ROWS {
         if first {
-            // SAFETY: r < MR, inside `bias` (caller's contract).
+            // SAFETY: r < ROWS, inside `bias` (caller's contract).
             let v = _mm512_set1_ps(unsafe { *bias.add(r) });
             acc[2 * r] = v;
             acc[2 * r + 1] = v;
