@@ -2109,7 +2109,11 @@ fn gemm_tiles_f32(
                             // pos output (checked above), and only task t touches those rows
                             // (its panels) of that block of image img, group grp, positions
                             // p0..p1 (written by the l0 == 0 tile before later ones read it); the
-                            // output is neither the input nor a task buffer.
+                            // output is neither the input nor a task buffer. A `pair` is
+                            // panels pi and pi + 1 (< the range's end <= panels): weight rows
+                            // and bias entries of both, output rows oc0..oc0 + mr (mr counts
+                            // both panels' rows, < o), all this task's; `pair_panels` holds
+                            // only at NR512, which `tile_width` chose on an AVX-512 CPU.
                             unsafe {
                                 let (a, lda, las) = match prepacked {
                                     Some(pw) => (
