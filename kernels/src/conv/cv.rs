@@ -239,237 +239,265 @@ unsafe fn unpack_out(
     }
 }
 
-/// The tile: `acc` holds [`CP`] rows of [`CV`] partial sums (one row per position), each
-/// continued over `taps` kernel rows: tap `s` reads the [`CV`] weights at `w + CV * s` and,
-/// for position `j`, the input value at `p[j] + tab[s]` bytes.
-///
-/// # Safety
-/// `acc` valid for reads and writes of `CP * CV` floats; `w` for reads of `CV * taps`
-/// floats; `tab` for reads of `taps` offsets; each `p[j] + tab[s]` (bytes) for a read of one
-/// float; the CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-unsafe fn tile(taps: usize, w: *const f32, tab: *const isize, p: &[*const f32; CP], acc: *mut f32) {
-    // One tap: its offset, the two weight vectors, then each position's value broadcast and
-    // multiplied into its two accumulators.
-    macro_rules! tap {
-        ($t:literal, $w0:literal, $w1:literal) => {
-            concat!(
-                "mov {off}, [{tab} + ",
-                $t,
-                "]\n",
-                "vmovups ymm12, [{w} + ",
-                $w0,
-                "]\n",
-                "vmovups ymm13, [{w} + ",
-                $w1,
-                "]\n",
-                "vbroadcastss ymm14, dword ptr [{p0} + {off}]\n",
-                "vfmadd231ps ymm0, ymm12, ymm14\n",
-                "vfmadd231ps ymm1, ymm13, ymm14\n",
-                "vbroadcastss ymm15, dword ptr [{p1} + {off}]\n",
-                "vfmadd231ps ymm2, ymm12, ymm15\n",
-                "vfmadd231ps ymm3, ymm13, ymm15\n",
-                "vbroadcastss ymm14, dword ptr [{p2} + {off}]\n",
-                "vfmadd231ps ymm4, ymm12, ymm14\n",
-                "vfmadd231ps ymm5, ymm13, ymm14\n",
-                "vbroadcastss ymm15, dword ptr [{p3} + {off}]\n",
-                "vfmadd231ps ymm6, ymm12, ymm15\n",
-                "vfmadd231ps ymm7, ymm13, ymm15\n",
-                "vbroadcastss ymm14, dword ptr [{p4} + {off}]\n",
-                "vfmadd231ps ymm8, ymm12, ymm14\n",
-                "vfmadd231ps ymm9, ymm13, ymm14\n",
-                "vbroadcastss ymm15, dword ptr [{p5} + {off}]\n",
-                "vfmadd231ps ymm10, ymm12, ymm15\n",
-                "vfmadd231ps ymm11, ymm13, ymm15\n",
-            )
-        };
-    }
-    // SAFETY: every access is inside the caller's ranges (this function's contract); the
-    // registers written are declared clobbered; no stack use.
-    unsafe {
-        std::arch::asm!(
-            "vmovups ymm0, [{acc}]",
-            "vmovups ymm1, [{acc} + 32]",
-            "vmovups ymm2, [{acc} + 64]",
-            "vmovups ymm3, [{acc} + 96]",
-            "vmovups ymm4, [{acc} + 128]",
-            "vmovups ymm5, [{acc} + 160]",
-            "vmovups ymm6, [{acc} + 192]",
-            "vmovups ymm7, [{acc} + 224]",
-            "vmovups ymm8, [{acc} + 256]",
-            "vmovups ymm9, [{acc} + 288]",
-            "vmovups ymm10, [{acc} + 320]",
-            "vmovups ymm11, [{acc} + 352]",
-            // three taps at a time, then one at a time
-            "test {n3}, {n3}",
-            "jz 3f",
-            "2:",
-            tap!("0", "0", "32"),
-            tap!("8", "64", "96"),
-            tap!("16", "128", "160"),
-            "add {w}, 192",
-            "add {tab}, 24",
-            "dec {n3}",
-            "jnz 2b",
-            "3:",
-            "test {n1}, {n1}",
-            "jz 5f",
-            "4:",
-            tap!("0", "0", "32"),
-            "add {w}, 64",
-            "add {tab}, 8",
-            "dec {n1}",
-            "jnz 4b",
-            "5:",
-            "vmovups [{acc}], ymm0",
-            "vmovups [{acc} + 32], ymm1",
-            "vmovups [{acc} + 64], ymm2",
-            "vmovups [{acc} + 96], ymm3",
-            "vmovups [{acc} + 128], ymm4",
-            "vmovups [{acc} + 160], ymm5",
-            "vmovups [{acc} + 192], ymm6",
-            "vmovups [{acc} + 224], ymm7",
-            "vmovups [{acc} + 256], ymm8",
-            "vmovups [{acc} + 288], ymm9",
-            "vmovups [{acc} + 320], ymm10",
-            "vmovups [{acc} + 352], ymm11",
-            acc = in(reg) acc,
-            w = inout(reg) w => _,
-            tab = inout(reg) tab => _,
-            n3 = inout(reg) taps / 3 => _,
-            n1 = inout(reg) taps % 3 => _,
-            off = out(reg) _,
-            p0 = in(reg) p[0],
-            p1 = in(reg) p[1],
-            p2 = in(reg) p[2],
-            p3 = in(reg) p[3],
-            p4 = in(reg) p[4],
-            p5 = in(reg) p[5],
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-            out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-            out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-            out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-            options(nostack),
-        );
-    }
+/// One tap of a two-vector tile in registers `$r` (`"ymm"` or `"zmm"`): the tap's offset
+/// from `tab + $t`, the two weight vectors at `w + $w0` and `w + $w1` (names of the tile's
+/// offset operands), then each position's value broadcast and multiplied into its two
+/// accumulators (`$r`0..11).
+macro_rules! two_vector_tap {
+    ($r:literal, $t:literal, $w0:literal, $w1:literal) => {
+        concat!(
+            "mov {off}, [{tab} + ",
+            $t,
+            "]\n",
+            "vmovups ",
+            $r,
+            "12, [{w} + ",
+            $w0,
+            "]\n",
+            "vmovups ",
+            $r,
+            "13, [{w} + ",
+            $w1,
+            "]\n",
+            "vbroadcastss ",
+            $r,
+            "14, dword ptr [{p0} + {off}]\n",
+            "vfmadd231ps ",
+            $r,
+            "0, ",
+            $r,
+            "12, ",
+            $r,
+            "14\n",
+            "vfmadd231ps ",
+            $r,
+            "1, ",
+            $r,
+            "13, ",
+            $r,
+            "14\n",
+            "vbroadcastss ",
+            $r,
+            "15, dword ptr [{p1} + {off}]\n",
+            "vfmadd231ps ",
+            $r,
+            "2, ",
+            $r,
+            "12, ",
+            $r,
+            "15\n",
+            "vfmadd231ps ",
+            $r,
+            "3, ",
+            $r,
+            "13, ",
+            $r,
+            "15\n",
+            "vbroadcastss ",
+            $r,
+            "14, dword ptr [{p2} + {off}]\n",
+            "vfmadd231ps ",
+            $r,
+            "4, ",
+            $r,
+            "12, ",
+            $r,
+            "14\n",
+            "vfmadd231ps ",
+            $r,
+            "5, ",
+            $r,
+            "13, ",
+            $r,
+            "14\n",
+            "vbroadcastss ",
+            $r,
+            "15, dword ptr [{p3} + {off}]\n",
+            "vfmadd231ps ",
+            $r,
+            "6, ",
+            $r,
+            "12, ",
+            $r,
+            "15\n",
+            "vfmadd231ps ",
+            $r,
+            "7, ",
+            $r,
+            "13, ",
+            $r,
+            "15\n",
+            "vbroadcastss ",
+            $r,
+            "14, dword ptr [{p4} + {off}]\n",
+            "vfmadd231ps ",
+            $r,
+            "8, ",
+            $r,
+            "12, ",
+            $r,
+            "14\n",
+            "vfmadd231ps ",
+            $r,
+            "9, ",
+            $r,
+            "13, ",
+            $r,
+            "14\n",
+            "vbroadcastss ",
+            $r,
+            "15, dword ptr [{p5} + {off}]\n",
+            "vfmadd231ps ",
+            $r,
+            "10, ",
+            $r,
+            "12, ",
+            $r,
+            "15\n",
+            "vfmadd231ps ",
+            $r,
+            "11, ",
+            $r,
+            "13, ",
+            $r,
+            "15\n",
+        )
+    };
 }
 
-/// [`tile`] on a panel of [`CV512`] channels in AVX-512 registers: `acc` holds [`CP`] rows of
-/// [`CV512`] partial sums, tap `s` reads the [`CV512`] weights at `w + CV512 * s`. The same
-/// schedule with vectors twice as wide: each lane is the same chain of fused multiply-adds.
-///
-/// # Safety
-/// As [`tile`] with [`CV512`] for [`CV`]; the CPU supports AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile512(
-    taps: usize,
-    w: *const f32,
-    tab: *const isize,
-    p: &[*const f32; CP],
-    acc: *mut f32,
-) {
-    macro_rules! tap {
-        ($t:literal, $w0:literal, $w1:literal) => {
-            concat!(
-                "mov {off}, [{tab} + ",
-                $t,
-                "]\n",
-                "vmovups zmm12, [{w} + ",
-                $w0,
-                "]\n",
-                "vmovups zmm13, [{w} + ",
-                $w1,
-                "]\n",
-                "vbroadcastss zmm14, dword ptr [{p0} + {off}]\n",
-                "vfmadd231ps zmm0, zmm12, zmm14\n",
-                "vfmadd231ps zmm1, zmm13, zmm14\n",
-                "vbroadcastss zmm15, dword ptr [{p1} + {off}]\n",
-                "vfmadd231ps zmm2, zmm12, zmm15\n",
-                "vfmadd231ps zmm3, zmm13, zmm15\n",
-                "vbroadcastss zmm14, dword ptr [{p2} + {off}]\n",
-                "vfmadd231ps zmm4, zmm12, zmm14\n",
-                "vfmadd231ps zmm5, zmm13, zmm14\n",
-                "vbroadcastss zmm15, dword ptr [{p3} + {off}]\n",
-                "vfmadd231ps zmm6, zmm12, zmm15\n",
-                "vfmadd231ps zmm7, zmm13, zmm15\n",
-                "vbroadcastss zmm14, dword ptr [{p4} + {off}]\n",
-                "vfmadd231ps zmm8, zmm12, zmm14\n",
-                "vfmadd231ps zmm9, zmm13, zmm14\n",
-                "vbroadcastss zmm15, dword ptr [{p5} + {off}]\n",
-                "vfmadd231ps zmm10, zmm12, zmm15\n",
-                "vfmadd231ps zmm11, zmm13, zmm15\n",
-            )
-        };
-    }
-    // SAFETY: every access is inside the caller's ranges (this function's contract); the
-    // registers written are declared clobbered; no stack use.
-    unsafe {
-        std::arch::asm!(
-            "vmovups zmm0, [{acc}]",
-            "vmovups zmm1, [{acc} + 64]",
-            "vmovups zmm2, [{acc} + 128]",
-            "vmovups zmm3, [{acc} + 192]",
-            "vmovups zmm4, [{acc} + 256]",
-            "vmovups zmm5, [{acc} + 320]",
-            "vmovups zmm6, [{acc} + 384]",
-            "vmovups zmm7, [{acc} + 448]",
-            "vmovups zmm8, [{acc} + 512]",
-            "vmovups zmm9, [{acc} + 576]",
-            "vmovups zmm10, [{acc} + 640]",
-            "vmovups zmm11, [{acc} + 704]",
-            "test {n3}, {n3}",
-            "jz 3f",
-            "2:",
-            tap!("0", "0", "64"),
-            tap!("8", "128", "192"),
-            tap!("16", "256", "320"),
-            "add {w}, 384",
-            "add {tab}, 24",
-            "dec {n3}",
-            "jnz 2b",
-            "3:",
-            "test {n1}, {n1}",
-            "jz 5f",
-            "4:",
-            tap!("0", "0", "64"),
-            "add {w}, 128",
-            "add {tab}, 8",
-            "dec {n1}",
-            "jnz 4b",
-            "5:",
-            "vmovups [{acc}], zmm0",
-            "vmovups [{acc} + 64], zmm1",
-            "vmovups [{acc} + 128], zmm2",
-            "vmovups [{acc} + 192], zmm3",
-            "vmovups [{acc} + 256], zmm4",
-            "vmovups [{acc} + 320], zmm5",
-            "vmovups [{acc} + 384], zmm6",
-            "vmovups [{acc} + 448], zmm7",
-            "vmovups [{acc} + 512], zmm8",
-            "vmovups [{acc} + 576], zmm9",
-            "vmovups [{acc} + 640], zmm10",
-            "vmovups [{acc} + 704], zmm11",
-            acc = in(reg) acc,
-            w = inout(reg) w => _,
-            tab = inout(reg) tab => _,
-            n3 = inout(reg) taps / 3 => _,
-            n1 = inout(reg) taps % 3 => _,
-            off = out(reg) _,
-            p0 = in(reg) p[0],
-            p1 = in(reg) p[1],
-            p2 = in(reg) p[2],
-            p3 = in(reg) p[3],
-            p4 = in(reg) p[4],
-            p5 = in(reg) p[5],
-            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
-            out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
-            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-            options(nostack),
-        );
-    }
+/// A tile of two vectors of `$v` bytes a row, in registers `$r`: `acc` holds [`CP`] rows of
+/// two vectors of partial sums (one row per position), each continued over `taps` kernel rows:
+/// tap `s` reads the two weight vectors at `w + 2 * $v * s` bytes and, for position `j`, the
+/// input value at `p[j] + tab[s]` bytes. One schedule for both levels: [`tile`] (AVX2, [`CV`]
+/// channels) and [`tile512`] (AVX-512, [`CV512`] channels), so each lane is the same chain of
+/// fused multiply-adds.
+macro_rules! two_vector_tile {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $r:literal, $v:literal, [$($reg:tt),*]) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(
+            taps: usize,
+            w: *const f32,
+            tab: *const isize,
+            p: &[*const f32; CP],
+            acc: *mut f32,
+        ) {
+            // SAFETY: every access is inside the caller's ranges (this function's contract);
+            // the registers written (`$reg`: `$r`0..15) are declared clobbered; no stack use.
+            unsafe {
+                std::arch::asm!(
+                    concat!("vmovups ", $r, "0, [{acc}]"),
+                    concat!("vmovups ", $r, "1, [{acc} + {a1}]"),
+                    concat!("vmovups ", $r, "2, [{acc} + {a2}]"),
+                    concat!("vmovups ", $r, "3, [{acc} + {a3}]"),
+                    concat!("vmovups ", $r, "4, [{acc} + {a4}]"),
+                    concat!("vmovups ", $r, "5, [{acc} + {a5}]"),
+                    concat!("vmovups ", $r, "6, [{acc} + {a6}]"),
+                    concat!("vmovups ", $r, "7, [{acc} + {a7}]"),
+                    concat!("vmovups ", $r, "8, [{acc} + {a8}]"),
+                    concat!("vmovups ", $r, "9, [{acc} + {a9}]"),
+                    concat!("vmovups ", $r, "10, [{acc} + {a10}]"),
+                    concat!("vmovups ", $r, "11, [{acc} + {a11}]"),
+                    // three taps at a time, then one at a time
+                    "test {n3}, {n3}",
+                    "jz 3f",
+                    "2:",
+                    two_vector_tap!($r, "0", "0", "{a1}"),
+                    two_vector_tap!($r, "8", "{a2}", "{a3}"),
+                    two_vector_tap!($r, "16", "{a4}", "{a5}"),
+                    "add {w}, {a6}",
+                    "add {tab}, 24",
+                    "dec {n3}",
+                    "jnz 2b",
+                    "3:",
+                    "test {n1}, {n1}",
+                    "jz 5f",
+                    "4:",
+                    two_vector_tap!($r, "0", "0", "{a1}"),
+                    "add {w}, {a2}",
+                    "add {tab}, 8",
+                    "dec {n1}",
+                    "jnz 4b",
+                    "5:",
+                    concat!("vmovups [{acc}], ", $r, "0"),
+                    concat!("vmovups [{acc} + {a1}], ", $r, "1"),
+                    concat!("vmovups [{acc} + {a2}], ", $r, "2"),
+                    concat!("vmovups [{acc} + {a3}], ", $r, "3"),
+                    concat!("vmovups [{acc} + {a4}], ", $r, "4"),
+                    concat!("vmovups [{acc} + {a5}], ", $r, "5"),
+                    concat!("vmovups [{acc} + {a6}], ", $r, "6"),
+                    concat!("vmovups [{acc} + {a7}], ", $r, "7"),
+                    concat!("vmovups [{acc} + {a8}], ", $r, "8"),
+                    concat!("vmovups [{acc} + {a9}], ", $r, "9"),
+                    concat!("vmovups [{acc} + {a10}], ", $r, "10"),
+                    concat!("vmovups [{acc} + {a11}], ", $r, "11"),
+                    acc = in(reg) acc,
+                    w = inout(reg) w => _,
+                    tab = inout(reg) tab => _,
+                    n3 = inout(reg) taps / 3 => _,
+                    n1 = inout(reg) taps % 3 => _,
+                    off = out(reg) _,
+                    p0 = in(reg) p[0],
+                    p1 = in(reg) p[1],
+                    p2 = in(reg) p[2],
+                    p3 = in(reg) p[3],
+                    p4 = in(reg) p[4],
+                    p5 = in(reg) p[5],
+                    // (byte offsets: vector i of a row, or tap i's first weight vector / 2)
+                    a1 = const $v,
+                    a2 = const 2 * $v,
+                    a3 = const 3 * $v,
+                    a4 = const 4 * $v,
+                    a5 = const 5 * $v,
+                    a6 = const 6 * $v,
+                    a7 = const 7 * $v,
+                    a8 = const 8 * $v,
+                    a9 = const 9 * $v,
+                    a10 = const 10 * $v,
+                    a11 = const 11 * $v,
+                    $(out($reg) _,)*
+                    options(nostack),
+                );
+            }
+        }
+    };
 }
+
+two_vector_tile!(
+    /// The tile on AVX2: `acc` holds [`CP`] rows of [`CV`] partial sums (one row per
+    /// position), each continued over `taps` kernel rows: tap `s` reads the [`CV`] weights at
+    /// `w + CV * s` and, for position `j`, the input value at `p[j] + tab[s]` bytes.
+    ///
+    /// # Safety
+    /// `acc` valid for reads and writes of `CP * CV` floats; `w` for reads of `CV * taps`
+    /// floats; `tab` for reads of `taps` offsets; each `p[j] + tab[s]` (bytes) for a read of
+    /// one float; the CPU supports AVX2 and FMA.
+    tile,
+    "avx2,fma",
+    "ymm",
+    32,
+    [
+        "ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9", "ymm10",
+        "ymm11", "ymm12", "ymm13", "ymm14", "ymm15"
+    ]
+);
+
+two_vector_tile!(
+    /// [`tile`] on a panel of [`CV512`] channels in AVX-512 registers: `acc` holds [`CP`] rows
+    /// of [`CV512`] partial sums, tap `s` reads the [`CV512`] weights at `w + CV512 * s`.
+    ///
+    /// # Safety
+    /// As [`tile`] with [`CV512`] for [`CV`]; the CPU supports AVX-512F.
+    tile512,
+    "avx512f",
+    "zmm",
+    64,
+    [
+        "zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9", "zmm10",
+        "zmm11", "zmm12", "zmm13", "zmm14", "zmm15"
+    ]
+);
 
 /// [`tile`] on a panel of [`CV512X4`] channels in AVX-512 registers: `acc` holds [`CP`] rows
 /// of [`CV512X4`] partial sums (position `j`'s four vectors in accumulators `4j..4j + 4`), tap
