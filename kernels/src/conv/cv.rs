@@ -1,7 +1,7 @@
 //! conv2d f32 vectorized along output channels: each tile is a panel of output channels (16:
-//! two AVX2 vectors, or 32: two AVX-512 vectors, [`panel_width`]) at 6 output positions (input
-//! values broadcast from a zero-padded copy of the rows they read), 12 accumulators, in
-//! hand-scheduled assembly (the same loop in intrinsics had LLVM share broadcasts across taps
+//! two AVX2 vectors; 32 or 64: two or four AVX-512 vectors, [`panel_width`]) at 6 output
+//! positions (input values broadcast from a zero-padded copy of the rows they read), 12 (or
+//! 24) accumulators, in hand-scheduled assembly (the same loop in intrinsics had LLVM share broadcasts across taps
 //! and spill accumulators). The
 //! six positions are any six: each has its own slab pointer, so a tile runs on across the end
 //! of an output row and every lane computes an output (the position-vectorized tiles fill
@@ -64,6 +64,16 @@ pub(super) fn panel_width(og: usize) -> usize {
     }
 }
 
+/// Panics unless panels of `cw` channels are a width this CPU has a tile for ([`CV`], or on
+/// AVX-512 CPUs [`CV512`] and [`CV512X4`]): the packing and the kernel take the width from the
+/// caller (`super::F32Path`), so it is checked where it is used.
+fn assert_runnable(cw: usize) {
+    assert!(
+        cw == CV || ((cw == CV512 || cw == CV512X4) && has_avx512()),
+        "a panel width this CPU cannot run"
+    );
+}
+
 /// Weight taps per channel pass for panels of `cw` channels: a pass's panel weights (`cw`
 /// floats a tap) stay at 16 KiB, in L1 beside the input values the tiles read.
 fn pass_taps(cw: usize) -> usize {
@@ -103,7 +113,7 @@ fn transpose8(rows: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m25
     ]
 }
 
-/// The weights of output channels `oc0..oc0 + ocn` (`ocn <= cw`, the panel width: 16 or 32),
+/// The weights of output channels `oc0..oc0 + ocn` (`ocn <= cw`, the panel width: 16, 32 or 64),
 /// input channels `c0..c0 + ncc` of their group, as one panel `[c][ki * kw + kj][cw]` in `dst`
 /// (channels past `ocn` zero): the layout the tiles read. `kk`: the kernel's taps (`kh * kw`);
 /// `ckk`: a weight row's length (`C/g * kk`).
@@ -165,10 +175,7 @@ pub(super) fn pack_weight(
     kk: usize,
     dst: &mut [f32],
 ) {
-    assert!(
-        cw == CV || ((cw == CV512 || cw == CV512X4) && has_avx512()),
-        "a panel width this CPU cannot run"
-    );
+    assert_runnable(cw);
     let (ckk, panels) = (cg * kk, og.div_ceil(cw));
     assert_eq!(wc.len(), groups * og * ckk, "conv2d weight length");
     assert_eq!(
@@ -646,7 +653,11 @@ unsafe fn tile512x4(
             p3 = in(reg) p[3],
             p4 = in(reg) p[4],
             p5 = in(reg) p[5],
-            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _, out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("zmm28") _, out("zmm29") _,
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+            out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, out("zmm16") _, out("zmm17") _,
+            out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _,
+            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _, out("zmm28") _, out("zmm29") _,
             options(nostack),
         );
     }
@@ -679,10 +690,7 @@ pub(super) fn cv_f32(
     let (cg, og, pos) = (g.cg(), g.og(), g.positions());
     let kk = g.kh * g.kw;
     // the panel width, and with it the packed weights' layout and the tile (AVX2 or AVX-512)
-    assert!(
-        cw == CV || ((cw == CV512 || cw == CV512X4) && has_avx512()),
-        "a panel width this CPU cannot run"
-    );
+    assert_runnable(cw);
     let panels = og.div_ceil(cw);
     // the slab's row width and the rows a block of `r` output rows reads
     let ws = (g.ow - 1) * g.sw + (g.kw - 1) * g.dw + 1;
