@@ -33,10 +33,12 @@ fn main() {
     let (name, dt) = (a[1].as_str(), a[2].as_str());
     let reps: usize = a[3].parse().unwrap();
     let val = |i: usize| ((i.wrapping_mul(2_654_435_761) % 2001) as f32 - 1000.0) / 250.0;
-    let n = 1 << 16;
+    // OP_LOOP_N=N: elements of the elementwise ops' input and of the long softmax row (rows of
+    // 1024 for softmax, rms_norm and topk: N / 1024 of them); 65536 by default (in cache)
+    let n: usize = std::env::var("OP_LOOP_N").map_or(1 << 16, |v| v.parse().unwrap());
     let x = tensor(n, &[n], dt, val);
     let y = tensor(n, &[n], dt, |i| (i % 613) as f32 / 100.0 - 3.0);
-    let r = tensor(n, &[64, 1024], dt, val);
+    let r = tensor(n, &[n / 1024, 1024], dt, val);
     let w = tensor(1024, &[1024], dt, |i| 0.5 + (i % 7) as f32 / 7.0);
     // conv2d of one image [c, h, w] by weight [o, c/groups, kh, kw], with a bias
     let conv = |[c, h, wd]: [usize; 3], ws: [usize; 4], stride: i64, pad: i64, groups: i64| {
@@ -62,6 +64,8 @@ fn main() {
         "scale" => (vec![x], vec![("alpha", AttrValue::Float(1.5))]),
         "softmax" => (vec![r], vec![]),
         "softmax_long" => (vec![tensor(n, &[1, n], dt, val)], vec![]),
+        // rows of 65536 (the benchmark's long rows; OP_LOOP_N=4194304 for its 64 of them)
+        "softmax_wide" => (vec![tensor(n, &[n / 65536, 65536], dt, val)], vec![]),
         "rms_norm" => (vec![r, w], vec![]),
         "topk" => (vec![r], vec![("k", AttrValue::Int(8))]),
         // ShuffleNet's layers: the first (3 -> 24 channels, 224x224, 3x3, stride 2: im2col
@@ -91,7 +95,7 @@ fn main() {
     let op = polyop_kernels::registry()
         .lookup(match name {
             "gelu_tanh" => "gelu",
-            "softmax_long" => "softmax",
+            "softmax_long" | "softmax_wide" => "softmax",
             _ if is_conv => "conv2d",
             _ => name,
         })
@@ -139,8 +143,15 @@ fn main() {
             kernel_core::Epilogue::apply_all(&relu, outs[0].as_mut_slice::<f32>().unwrap(), 0);
         }
     };
-    // (a single thread: `install` runs it on the pool's one thread, as serially)
-    let mut run = |pp: &[(usize, kernel_core::Prepacked)]| rayon_pool.install(|| run(pp));
+    // (a single thread: on the calling thread itself; `install` on a one-thread pool costs a
+    // thread switch there and back per call, about 50 us on a VM, which swamped small calls)
+    let mut run = |pp: &[(usize, kernel_core::Prepacked)]| {
+        if threads > 1 {
+            rayon_pool.install(|| run(pp))
+        } else {
+            run(pp)
+        }
+    };
     if a.get(4).map(String::as_str) == Some("prepack") {
         // The op's inputs prepacked as for a constant (ONNX Runtime's initializers: a conv2d
         // weight) against the same calls without: 9 rounds alternating, best batch of each.

@@ -142,6 +142,14 @@ pub trait Real: Num + num_traits::Float {
             *o = x.gelu_tanh();
         }
     }
+    /// The leading whole chunks of [`ACC`] elements of `s` maxed into `acc[i % ACC]`
+    /// (`if v > a { v } else { a }`); returns how many chunks it did. 0 here; f32 has an
+    /// explicit-SIMD loop ([`crate::vmath::max_chunks`]).
+    #[inline(always)]
+    fn max_chunks(s: &[Self], acc: &mut [Self; ACC]) -> usize {
+        let _ = (s, acc);
+        0
+    }
 }
 /// 1/sqrt(2 pi)
 const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
@@ -186,6 +194,10 @@ impl Real for f32 {
     #[inline(always)]
     fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
         crate::vmath::gelu_tanh_slice(src, dst)
+    }
+    #[inline(always)]
+    fn max_chunks(s: &[Self], acc: &mut [Self; ACC]) -> usize {
+        crate::vmath::max_chunks(s, acc)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {

@@ -182,13 +182,21 @@ pub(crate) fn exp_minus<C: Real>(x: C, m: C) -> C {
 /// The row's maximum (NaN skipped; -inf for a row of NaN and -inf).
 #[inline(always)]
 fn row_max<C: Real>(a: &[C]) -> C {
-    row_max_of(a, |v| v)
+    let mut acc = [C::neg_infinity(); ACC];
+    let done = C::max_chunks(a, &mut acc) * ACC;
+    max_into(&mut acc, &a[done..], |v| v)
 }
 
 /// [`row_max`] of `a` converted by `to_c` (a conversion that vectorises in the loop).
 #[inline(always)]
 fn row_max_of<S: Copy, C: Real>(a: &[S], to_c: impl Fn(S) -> C) -> C {
-    let mut acc = [C::neg_infinity(); ACC];
+    max_into(&mut [C::neg_infinity(); ACC], a, to_c)
+}
+
+/// The maximum of `acc` (running maxima, element `i` of `a` goes into `acc[i % ACC]`) and `a`
+/// converted by `to_c`.
+#[inline(always)]
+fn max_into<S: Copy, C: Real>(acc: &mut [C; ACC], a: &[S], to_c: impl Fn(S) -> C) -> C {
     let c = a.chunks_exact(ACC);
     let r = c.remainder();
     for x in c {
