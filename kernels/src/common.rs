@@ -798,8 +798,43 @@ pub fn prefetch<T>(p: *const T, n: usize) {
     let _ = (p, n);
 }
 
+/// How far ahead of its position a streaming loop prefetches its inputs and its output, in
+/// bytes. In ONNX Runtime, gelu over 16M floats ran 1.7x faster with it (one thread and two;
+/// 2, 4 and 8 KiB ahead alike) and softmax's long rows a third faster: the hardware
+/// prefetchers alone left the loops waiting on memory, output lines included (prefetching
+/// those saves the store's read-for-ownership wait).
+const STREAM_AHEAD: usize = 4096;
+
+/// Prefetch the `n` elements a streaming loop over indices `.. end` of `p` reaches
+/// [`STREAM_AHEAD`] bytes after index `i` (none past `end`): a hint with no effect on results.
+#[inline(always)]
+pub fn prefetch_ahead<T>(p: *const T, i: usize, n: usize, end: usize) {
+    let ahead = i + STREAM_AHEAD / std::mem::size_of::<T>().max(1);
+    if ahead < end {
+        prefetch(p.wrapping_add(ahead), n.min(end - ahead));
+    }
+}
+
 /// Elements per block of the flat elementwise path.
 const FLAT_BLOCK: usize = 64;
+
+/// [`prefetch_ahead`] of [`flat_map`]'s block at `i`: each input that is not broadcast, and
+/// the output.
+#[inline(always)]
+fn prefetch_block<T: Scalar, const N: usize>(
+    ins: &[InPtr<T>; N],
+    bcast: &[bool; N],
+    out: OutPtr<T>,
+    i: usize,
+    end: usize,
+) {
+    for k in 0..N {
+        if !bcast[k] {
+            prefetch_ahead(ins[k].0, i, FLAT_BLOCK, end);
+        }
+    }
+    prefetch_ahead(out.0 as *const T, i, FLAT_BLOCK, end);
+}
 
 /// The flat elementwise path over `range`: each input is contiguous (`bcast[k] == false`) or a
 /// single broadcast value. Whole blocks are loaded into fixed-size arrays in the compute type,
@@ -834,6 +869,7 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
         // after the whole block was read (in-place safe). bf16 `add`: 315k -> 250k
         // instructions for 64K elements (callgrind).
         while i + FLAT_BLOCK <= range.end {
+            prefetch_block(&ins, &bcast, out, i, range.end);
             let mut o = [T::C::default(); FLAT_BLOCK];
             for (j, o) in o.iter_mut().enumerate() {
                 *o = f(std::array::from_fn(|k| {
@@ -850,6 +886,7 @@ unsafe fn flat_map<T: Scalar, const N: usize>(
         }
     }
     while i + FLAT_BLOCK <= range.end {
+        prefetch_block(&ins, &bcast, out, i, range.end);
         let mut a = [[T::C::default(); FLAT_BLOCK]; N];
         for k in 0..N {
             if bcast[k] {

@@ -8,8 +8,8 @@
 //! Integer negate/add wrap on overflow.
 
 use crate::common::{
-    half_quiet_bit, in_ptr, out_ptr, with_float, with_numeric, with_simd, zip_map, InPtr, Num,
-    Real, Scalar, GRAIN,
+    half_quiet_bit, in_ptr, out_ptr, prefetch_ahead, with_float, with_numeric, with_simd, zip_map,
+    InPtr, Num, Real, Scalar, GRAIN,
 };
 use kernel_core::{
     broadcast_dims, fmt_dims, numel, parallel_for, AttrValue, BwdInput, DType, EpilogueFn, Error,
@@ -343,6 +343,8 @@ fn half_bits_map<T: Scalar>(
                 let mut i = range.start;
                 while i < range.end {
                     let len = UBLOCK.min(range.end - i);
+                    prefetch_ahead(p.0, i, len, range.end);
+                    prefetch_ahead(o.0 as *const T, i, len, range.end);
                     // SAFETY: as in `unary_blocks`: x is contiguous with the output's `n`
                     // elements, `i..i + len` is in this task's range, and the input slice is
                     // dropped (copied into `a`) before the output block is written.
@@ -492,6 +494,8 @@ fn unary_blocks<T: Scalar>(
                 let mut i = range.start;
                 while i < range.end {
                     let len = UBLOCK.min(range.end - i);
+                    prefetch_ahead(p.0, i, len, range.end);
+                    prefetch_ahead(o.0 as *const T, i, len, range.end);
                     // SAFETY: x is contiguous with the output's shape (checked above), so its
                     // `n` elements are at `p + 0 .. p + n`; `i..i + len` lies in this task's
                     // `range` within `0..n`. The input slice is dropped after loading, before

@@ -280,11 +280,9 @@ unsafe fn exp_diff_chunks_avx512(
         let b = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[3]), r, _mm512_set1_ps(EXP_C[2]));
         let q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(EXP_C[4]), r2, b), r2, a);
         let p = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0));
-        let e = _mm512_sub_epi32(
-            _mm512_castps_si512(k),
-            _mm512_set1_epi32(MAGIC.to_bits() as i32 - 127),
-        );
-        let y = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e)));
+        // p * 2^n in one instruction: exact, as the product with 2^n is, for these normal
+        // results (n in [-125, 0])
+        let y = _mm512_scalef_ps(p, n);
         // SAFETY: as the load
         unsafe { _mm512_storeu_ps(dp.add(at), y) };
         sum = _mm512_add_ps(sum, y);
