@@ -155,7 +155,13 @@ where
                             buf.resize(n, T::C::ZERO);
                             obuf.resize(n, T::C::ZERO);
                             load_strided(p, lin.base(lane), lin.stride, &mut buf);
-                            softmax_row(&buf, &mut obuf, NextRow::NONE);
+                            // (a contiguous half-type lane: its next one is prefetched too)
+                            let next = if direct {
+                                next_row(lane)
+                            } else {
+                                NextRow::NONE
+                            };
+                            softmax_row(&buf, &mut obuf, next);
                             store_strided(o, lout.base(lane), lout.stride, &obuf);
                         }
                     }
