@@ -753,3 +753,36 @@ def test_transformer_block_matches_the_cpu_provider(tmp_path):
     for name in ["norm1", "norm2", "softmax", "gelu", "residual1", "residual2"]:
         assert ran.get(name) == EP, (name, ran)
     assert ran.get("q") == CPU, ran
+
+
+def test_no_nchwc_layout_conversions_around_polyop_convolutions(tmp_path):
+    """provider_session_options() leaves out the CPU provider's NCHWc layout (ORT_ENABLE_ALL's
+    one addition to ORT_ENABLE_EXTENDED): with polyop running the convolutions it would only
+    wrap the MaxPool between them in ReorderInput/ReorderOutput nodes. The same model at
+    ORT_ENABLE_ALL, asked for explicitly, is the control: it does get them."""
+    rng = np.random.default_rng(5)
+    w1 = numpy_helper.from_array(rng.standard_normal((32, 16, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 32, 3, 3)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["a"], ["b"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["b", "w2"], ["y"], name="c2", pads=[1, 1, 1, 1]),
+    ]
+    m = make(nodes, [vi("x", "float32", [1, 16, 24, 24])], [vi("y", "float32", [1, 32, 12, 12])],
+             13, initializers=[w1, w2])
+    x = data([1, 16, 24, 24], "float32")
+    (ref,) = ort.InferenceSession(m, providers=[CPU]).run(None, {"x": x})
+    op_types = {}
+    for level in [None, ort.GraphOptimizationLevel.ORT_ENABLE_ALL]:
+        kw = {} if level is None else {"graph_optimization_level": level}
+        so = pox.provider_session_options(enable_profiling=True,
+                                          profile_file_prefix=str(tmp_path / f"p{level}"), **kw)
+        sess = ort.InferenceSession(m, so)
+        (y,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+        with open(sess.end_profiling()) as f:
+            events = json.load(f)
+        op_types[level] = {e["args"]["op_name"] for e in events
+                           if e.get("cat") == "Node" and "op_name" in e.get("args", {})}
+    assert not {"ReorderInput", "ReorderOutput"} & op_types[None], op_types[None]
+    assert {"ReorderInput", "ReorderOutput"} <= op_types[ort.GraphOptimizationLevel.ORT_ENABLE_ALL], op_types
