@@ -283,18 +283,31 @@ fn relu_c<C: Num>(v: C) -> C {
 /// add as an epilogue ([`EpilogueFn`]): `out + other` (or `other + out`) per value, the f32
 /// kernel's bits (the operands in the node's order, so even a NaN's payload is the same).
 // (clippy takes `a + b` and `b + a` for the same; with two NaNs, x86 returns the first one's)
+/// (Inside `with_simd`: a kernel calls an epilogue through a function pointer, so its loop is
+/// compiled here, on its own, and was baseline SSE2 code without it.)
 #[allow(clippy::if_same_then_else)]
 fn add_in_place(out: &mut [f32], other: &[f32], out_first: bool) {
-    for (o, &b) in out.iter_mut().zip(other) {
-        *o = if out_first { *o + b } else { b + *o };
-    }
+    with_simd(
+        #[inline(always)]
+        || {
+            for (o, &b) in out.iter_mut().zip(other) {
+                *o = if out_first { *o + b } else { b + *o };
+            }
+        },
+    )
 }
 
-/// relu as an epilogue ([`EpilogueFn`]): `relu_c` on each value, the f32 kernel's bits.
+/// relu as an epilogue ([`EpilogueFn`]): `relu_c` on each value, the f32 kernel's bits
+/// (inside `with_simd`, as [`add_in_place`]).
 fn relu_in_place(v: &mut [f32]) {
-    for x in v {
-        *x = relu_c(*x);
-    }
+    with_simd(
+        #[inline(always)]
+        || {
+            for x in v.iter_mut() {
+                *x = relu_c(*x);
+            }
+        },
+    )
 }
 
 fn relu_cpu(ctx: &mut KernelCtx) -> Result<()> {
