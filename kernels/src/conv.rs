@@ -2683,6 +2683,69 @@ mod depthwise_tests {
         }
     }
 
+    /// A fused relu is relu's own bits, also where a path applies it in registers (the
+    /// channel-vectorized path's unpacking): a NaN output stays NaN and a -0 output stays -0
+    /// (`v < 0 ? 0 : v`), on a 3x3 layer (that path where the CPU has AVX2) and a 1x1 layer.
+    #[test]
+    fn fused_relu_keeps_nan_and_negative_zero() {
+        let op = crate::registry().lookup("conv2d").unwrap();
+        let relu = match crate::registry().lookup("relu").unwrap().epilogue {
+            Some(kernel_core::EpilogueFn::Unary(f)) => [Epilogue::Unary(f)],
+            _ => unreachable!("relu has a unary epilogue form"),
+        };
+        for k in [3, 1] {
+            let (c, o, hw) = (16, 40, 10);
+            // every input negative, one NaN; output channel 0 has zero weights and bias -0,
+            // so its outputs are -0 (each tap adds 0 * x = -0 to -0) or NaN
+            let mut xs: Vec<f32> = values(c * hw * hw, 1)
+                .iter()
+                .map(|v| -v.abs() - 0.5)
+                .collect();
+            xs[3 * hw + 4] = f32::NAN;
+            let mut ws = values(o * c * k * k, 2);
+            ws[..c * k * k].fill(0.0);
+            let mut bs = values(o, 3);
+            bs[0] = -0.0;
+            let x = OwnedTensor::from_vec(xs, &[1, c, hw, hw]).unwrap();
+            let w = OwnedTensor::from_vec(ws, &[o, c, k, k]).unwrap();
+            let b = OwnedTensor::from_vec(bs, &[o]).unwrap();
+            let attrs = op.bind_attrs(vec![]).unwrap();
+            let run = |epi: bool| {
+                let ins = [Some(x.view()), Some(w.view()), Some(b.view())];
+                let spec = &op.infer_concrete(&ins, &attrs).unwrap()[0];
+                let mut out = OwnedTensor::zeros(DType::F32, &spec.concrete().unwrap());
+                {
+                    let mut outs = [out.view_mut()];
+                    let mut ctx = KernelCtx::new(op, &ins, &mut outs, &attrs, &RayonPool)
+                        .with_epilogue(epi.then_some(&relu[..]));
+                    (op.cpu)(&mut ctx).unwrap();
+                    if ctx.take_epilogue().is_some() {
+                        Epilogue::apply_all(&relu, outs[0].as_mut_slice::<f32>().unwrap(), 0);
+                    }
+                }
+                out.to_vec::<f32>().unwrap()
+            };
+            let plain = run(false);
+            let want: Vec<u32> = plain
+                .iter()
+                .map(|&v| if v < 0.0 { 0.0f32 } else { v }.to_bits())
+                .collect();
+            let got: Vec<u32> = run(true).iter().map(|v| v.to_bits()).collect();
+            let pos = plain.len() / o;
+            let neg_zeros = want[..pos]
+                .iter()
+                .filter(|&&b| b == (-0.0f32).to_bits())
+                .count();
+            let nans = want.iter().filter(|&&b| f32::from_bits(b).is_nan()).count();
+            assert!(
+                neg_zeros > pos / 2 && nans >= o,
+                "{k}x{k}: {neg_zeros} -0, {nans} NaN"
+            );
+            assert!(want.iter().filter(|&&b| b == 0).count() > want.len() / 5);
+            assert_eq!(got, want, "{k}x{k}");
+        }
+    }
+
     /// Weights prepacked once for a caller that knows them constant ([`conv2d_prepack`], as
     /// ONNX Runtime's provider does for initializers) give the bits of the same call unpacked,
     /// within float32 rounding of a float64 reference, on both paths that read them (the tiles:

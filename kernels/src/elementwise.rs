@@ -297,6 +297,22 @@ fn add_in_place(out: &mut [f32], other: &[f32], out_first: bool) {
     )
 }
 
+/// `steps` without a leading relu, and whether there was one: a kernel that applies relu to
+/// values in registers as it stores them (`relu_c`'s bits: `max(0, v)` with 0 as the first
+/// operand, so a NaN and -0 stay) runs only the rest.
+pub(crate) fn split_leading_relu<'s, 't>(
+    steps: &'s [kernel_core::Epilogue<'t>],
+) -> (bool, &'s [kernel_core::Epilogue<'t>]) {
+    match steps.split_first() {
+        Some((kernel_core::Epilogue::Unary(f), rest))
+            if std::ptr::fn_addr_eq(*f, relu_in_place as fn(&mut [f32])) =>
+        {
+            (true, rest)
+        }
+        _ => (false, steps),
+    }
+}
+
 /// relu as an epilogue ([`EpilogueFn`]): `relu_c` on each value, the f32 kernel's bits
 /// (inside `with_simd`, as [`add_in_place`]).
 fn relu_in_place(v: &mut [f32]) {
