@@ -20,7 +20,7 @@ use crate::common::{
     copy_short, every_other, in_ptr, simd_level, with_float, with_simd, LineAligned, Num, OutPtr,
     Real, Scalar, SimdLevel,
 };
-use crate::elementwise::req;
+use crate::elementwise::{relu_c, req, split_leading_relu};
 use gemm::{gemm, Parallelism};
 use half::{bf16, f16};
 use kernel_core::fmt_dims;
@@ -874,6 +874,7 @@ unsafe fn tile_f32(
     ldc: usize,
     bias: *const f32,
     first: bool,
+    relu: bool,
     mr: usize,
     n: usize,
 ) {
@@ -885,25 +886,25 @@ unsafe fn tile_f32(
         unsafe {
             match (n == NR512, n <= NR512 / 2, mr) {
                 (true, _, 1) => tile_avx512::<true, false, 1>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
                 (true, _, 2..=3) => tile_avx512::<true, false, 3>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
                 (true, _, _) => tile_avx512::<true, false, MR>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
                 (false, true, 1) => tile_avx512::<false, true, 1>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
                 (false, true, _) => tile_avx512::<false, true, MR>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
                 (false, false, 1) => tile_avx512::<false, false, 1>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
                 (false, false, _) => tile_avx512::<false, false, MR>(
-                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
             }
         }
@@ -919,26 +920,26 @@ unsafe fn tile_f32(
         unsafe {
             // a tail of at most 8 positions (a 7x7 plane's 49th) takes half the work
             match (n == NR, n <= NR / 2, mr) {
-                (true, _, 1) => {
-                    tile_avx2::<true, false, 1>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
-                }
-                (true, _, 2..=3) => {
-                    tile_avx2::<true, false, 3>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
-                }
-                (true, _, _) => {
-                    tile_avx2::<true, false, MR>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
-                }
-                (false, true, 1) => {
-                    tile_avx2::<false, true, 1>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
-                }
-                (false, true, _) => {
-                    tile_avx2::<false, true, MR>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
-                }
-                (false, false, 1) => {
-                    tile_avx2::<false, false, 1>(k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n)
-                }
+                (true, _, 1) => tile_avx2::<true, false, 1>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
+                ),
+                (true, _, 2..=3) => tile_avx2::<true, false, 3>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
+                ),
+                (true, _, _) => tile_avx2::<true, false, MR>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
+                ),
+                (false, true, 1) => tile_avx2::<false, true, 1>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
+                ),
+                (false, true, _) => tile_avx2::<false, true, MR>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
+                ),
+                (false, false, 1) => tile_avx2::<false, false, 1>(
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
+                ),
                 (false, false, _) => tile_avx2::<false, false, MR>(
-                    k, a, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                    k, a, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
                 ),
             }
         }
@@ -964,7 +965,12 @@ unsafe fn tile_f32(
             }
         }
     }
-    for (r, row) in acc[..mr].iter().enumerate() {
+    for (r, row) in acc[..mr].iter_mut().enumerate() {
+        if relu {
+            for v in row[..n].iter_mut() {
+                *v = relu_c(*v);
+            }
+        }
         // SAFETY: r < mr, n elements of row r of `c`, this caller's alone (contract).
         unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), c.add(r * ldc), n) };
     }
@@ -992,6 +998,7 @@ unsafe fn tile_pair_avx512(
     ldc: usize,
     bias: *const f32,
     first: bool,
+    relu: bool,
     mr: usize,
     n: usize,
 ) {
@@ -999,13 +1006,13 @@ unsafe fn tile_pair_avx512(
     unsafe {
         match (n == NR512, n <= NR512 / 2) {
             (true, _) => tile_avx512::<true, false, { 2 * MR }>(
-                k, a, a2, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                k, a, a2, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
             ),
             (false, true) => tile_avx512::<false, true, { 2 * MR }>(
-                k, a, a2, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                k, a, a2, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
             ),
             (false, false) => tile_avx512::<false, false, { 2 * MR }>(
-                k, a, a2, lda, las, b, ldb, c, ldc, bias, first, mr, n,
+                k, a, a2, lda, las, b, ldb, c, ldc, bias, first, relu, mr, n,
             ),
         }
     }
@@ -1093,20 +1100,24 @@ unsafe fn tile_acc_store<const FULL: bool, const HALF: bool>(
     mr: usize,
     m0: std::arch::x86_64::__m256i,
     m1: std::arch::x86_64::__m256i,
+    relu: bool,
 ) {
     use std::arch::x86_64::*;
+    let zero = _mm256_setzero_ps();
+    // relu's bits (`relu_c`): max with 0 as the first operand keeps a NaN and -0
+    let fin = |v: __m256| if relu { _mm256_max_ps(zero, v) } else { v };
     for r in 0..mr {
         // SAFETY: r < mr: row r of `c`, NR (FULL) or, through the masks, n elements, this
         // caller's alone (contract).
         unsafe {
             let cp = c.add(r * ldc);
             if FULL {
-                _mm256_storeu_ps(cp, acc[2 * r]);
-                _mm256_storeu_ps(cp.add(c1), acc[2 * r + 1]);
+                _mm256_storeu_ps(cp, fin(acc[2 * r]));
+                _mm256_storeu_ps(cp.add(c1), fin(acc[2 * r + 1]));
             } else {
-                _mm256_maskstore_ps(cp, m0, acc[2 * r]);
+                _mm256_maskstore_ps(cp, m0, fin(acc[2 * r]));
                 if !HALF {
-                    _mm256_maskstore_ps(cp.add(c1), m1, acc[2 * r + 1]);
+                    _mm256_maskstore_ps(cp.add(c1), m1, fin(acc[2 * r + 1]));
                 }
             }
         }
@@ -1137,6 +1148,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
     ldc: usize,
     bias: *const f32,
     first: bool,
+    relu: bool,
     mr: usize,
     n: usize,
 ) {
@@ -1172,7 +1184,7 @@ unsafe fn tile_avx2<const FULL: bool, const HALF: bool, const ROWS: usize>(
         }
     }
     // SAFETY: the caller's contract for `c`.
-    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, 8, ldc, mr, m0, m1) };
+    unsafe { tile_acc_store::<FULL, HALF>(&acc, c, 8, ldc, mr, m0, m1, relu) };
 }
 
 /// [`tile_f32`] in AVX-512 for up to [`NR512`] columns: `2 * ROWS` accumulators of 16 lanes
@@ -1200,6 +1212,7 @@ unsafe fn tile_avx512<const FULL: bool, const HALF: bool, const ROWS: usize>(
     ldc: usize,
     bias: *const f32,
     first: bool,
+    relu: bool,
     mr: usize,
     n: usize,
 ) {
@@ -1269,18 +1282,21 @@ unsafe fn tile_avx512<const FULL: bool, const HALF: bool, const ROWS: usize>(
             bp = bp.add(ldb);
         }
     }
+    // relu's bits (`relu_c`): max with 0 as the first operand keeps a NaN and -0
+    let zero = _mm512_setzero_ps();
+    let fin = |v: __m512| if relu { _mm512_max_ps(zero, v) } else { v };
     for r in 0..mr {
         // SAFETY: row r < mr of `c`: NR512 (FULL) or, through the masks, n elements, this
         // caller's alone (contract).
         unsafe {
             let cp = c.add(r * ldc);
             if FULL {
-                _mm512_storeu_ps(cp, acc[2 * r]);
-                _mm512_storeu_ps(cp.add(16), acc[2 * r + 1]);
+                _mm512_storeu_ps(cp, fin(acc[2 * r]));
+                _mm512_storeu_ps(cp.add(16), fin(acc[2 * r + 1]));
             } else {
-                _mm512_mask_storeu_ps(cp, m0, acc[2 * r]);
+                _mm512_mask_storeu_ps(cp, m0, fin(acc[2 * r]));
                 if !HALF {
-                    _mm512_mask_storeu_ps(cp.add(16), m1, acc[2 * r + 1]);
+                    _mm512_mask_storeu_ps(cp.add(16), m1, fin(acc[2 * r + 1]));
                 }
             }
         }
@@ -1429,6 +1445,7 @@ unsafe fn tail_avx2<const N: usize, const P: usize>(
     ldc: usize,
     bias: [*const f32; P],
     first: bool,
+    relu: bool,
     mr: [usize; P],
 ) {
     use std::arch::x86_64::*;
@@ -1474,7 +1491,7 @@ unsafe fn tail_avx2<const N: usize, const P: usize>(
             unsafe { _mm256_storeu_ps(t.as_mut_ptr(), *acc) };
             for (r, v) in t.iter().enumerate().take(mr[q]) {
                 // SAFETY: r < mr[q] rows of `c[q]`, column j < N (this function's contract).
-                unsafe { *c[q].add(r * ldc + j) = *v };
+                unsafe { *c[q].add(r * ldc + j) = if relu { relu_c(*v) } else { *v } };
             }
         }
     }
@@ -1923,6 +1940,15 @@ fn gemm_tiles_f32(
 ) {
     let (ckk, pos, og) = (g.ckk(), g.positions(), g.og());
     let panels = og.div_ceil(MR);
+    // a leading relu goes into the tiles' last pass, as they store (a separate pass over a
+    // 16 -> 64 1x1 layer's outputs at 55x55 cost a quarter of its time)
+    let (relu, epi) = match epi {
+        Some(steps) => {
+            let (relu, rest) = split_leading_relu(steps);
+            (relu, Some(rest).filter(|r| !r.is_empty()))
+        }
+        None => (false, None),
+    };
     let bp = bias_panels(g, bc);
     // Blocks of positions: at most the cache-sized block, a whole number of tiles each, their
     // sizes differing by at most one tile; with few tasks for the threads, as many blocks as
@@ -2052,6 +2078,7 @@ fn gemm_tiles_f32(
                                             pos,
                                             p.map(|t| t.2),
                                             l0 == 0,
+                                            relu && l0 + k == ckk,
                                             p.map(|t| t.3),
                                         )
                                     }};
@@ -2140,6 +2167,7 @@ fn gemm_tiles_f32(
                                         pos,
                                         bp.as_ptr().add((grp * panels + pi) * MR),
                                         l0 == 0,
+                                        relu && l0 + k == ckk,
                                         mr,
                                         n,
                                     );
@@ -2157,6 +2185,7 @@ fn gemm_tiles_f32(
                                     pos,
                                     bp.as_ptr().add((grp * panels + pi) * MR),
                                     l0 == 0,
+                                    relu && l0 + k == ckk,
                                     mr,
                                     n,
                                 )

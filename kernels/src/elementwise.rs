@@ -271,7 +271,7 @@ fn negate_cpu(ctx: &mut KernelCtx) -> Result<()> {
 }
 
 #[inline(always)]
-fn relu_c<C: Num>(v: C) -> C {
+pub(crate) fn relu_c<C: Num>(v: C) -> C {
     // NaN < 0 is false, so NaN stays NaN.
     if v < C::ZERO {
         C::ZERO
