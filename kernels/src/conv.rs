@@ -2712,16 +2712,21 @@ mod depthwise_tests {
         }
     }
 
+    /// The relu op's epilogue, as a one-step chain.
+    fn relu_epilogue() -> [Epilogue<'static>; 1] {
+        match crate::registry().lookup("relu").unwrap().epilogue {
+            Some(kernel_core::EpilogueFn::Unary(f)) => [Epilogue::Unary(f)],
+            _ => unreachable!("relu has a unary epilogue form"),
+        }
+    }
+
     /// A fused relu is relu's own bits, also where a path applies it in registers (the
     /// channel-vectorized path's unpacking): a NaN output stays NaN and a -0 output stays -0
     /// (`v < 0 ? 0 : v`), on a 3x3 layer (that path where the CPU has AVX2) and a 1x1 layer.
     #[test]
     fn fused_relu_keeps_nan_and_negative_zero() {
         let op = crate::registry().lookup("conv2d").unwrap();
-        let relu = match crate::registry().lookup("relu").unwrap().epilogue {
-            Some(kernel_core::EpilogueFn::Unary(f)) => [Epilogue::Unary(f)],
-            _ => unreachable!("relu has a unary epilogue form"),
-        };
+        let relu = relu_epilogue();
         for k in [3, 1] {
             let (c, o, hw) = (16, 40, 10);
             // every input negative, one NaN; output channel 0 has zero weights and bias -0,
@@ -2784,10 +2789,7 @@ mod depthwise_tests {
     #[test]
     fn prepacked_weights_give_the_unpacked_bits_and_a_float64_reference() {
         let op = crate::registry().lookup("conv2d").unwrap();
-        let relu = match crate::registry().lookup("relu").unwrap().epilogue {
-            Some(kernel_core::EpilogueFn::Unary(f)) => [Epilogue::Unary(f)],
-            _ => unreachable!("relu has a unary epilogue form"),
-        };
+        let relu = relu_epilogue();
         // (n, c, [h, w], o, kernel, stride, pad, groups)
         let cases = [
             // 1x1 at 7x7, read in place: 17 panels (the last of 4 rows), B rows packed; the
