@@ -64,6 +64,8 @@ fn main() {
         "scale" => (vec![x], vec![("alpha", AttrValue::Float(1.5))]),
         "softmax" => (vec![r], vec![]),
         "softmax_long" => (vec![tensor(n, &[1, n], dt, val)], vec![]),
+        // rows of 128 (attention scores of a 128-token sequence)
+        "softmax_short" => (vec![tensor(n, &[n / 128, 128], dt, val)], vec![]),
         // rows of 65536 (the benchmark's long rows; OP_LOOP_N=4194304 for its 64 of them)
         "softmax_wide" => (vec![tensor(n, &[n / 65536, 65536], dt, val)], vec![]),
         "rms_norm" => (vec![r, w], vec![]),
@@ -95,7 +97,7 @@ fn main() {
     let op = polyop_kernels::registry()
         .lookup(match name {
             "gelu_tanh" => "gelu",
-            "softmax_long" | "softmax_wide" => "softmax",
+            "softmax_long" | "softmax_wide" | "softmax_short" => "softmax",
             _ if is_conv => "conv2d",
             _ => name,
         })

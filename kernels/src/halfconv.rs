@@ -115,9 +115,31 @@ fn use_f16c() -> bool {
     }
 }
 
+/// Whether f16 blocks go through the 512-bit forms of the same conversions (16 elements an
+/// instruction, where F16C's take 8): [`crate::common::with_simd`] runs at its AVX-512 level
+/// (so the CPU has AVX-512F) and the CPU has F16C.
+#[inline(always)]
+fn use_f16c_512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::common::simd_level() == crate::common::SimdLevel::Avx512
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `dst[i] = f16_to_f32(src[i])` over the common length.
 #[inline(always)]
 pub fn f16_load(src: &[u16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_f16c_512() {
+        // SAFETY: `use_f16c_512` checked at run time that the CPU has AVX-512F and F16C.
+        unsafe { x86::f16_load512(src, dst) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if use_f16c() {
         // SAFETY: `use_f16c` checked at run time that the CPU has F16C (and AVX, which
@@ -133,6 +155,12 @@ pub fn f16_load(src: &[u16], dst: &mut [f32]) {
 /// `dst[i] = f32_to_f16(src[i])` over the common length.
 #[inline(always)]
 pub fn f16_store(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_f16c_512() {
+        // SAFETY: as in `f16_load`.
+        unsafe { x86::f16_store512(src, dst) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if use_f16c() {
         // SAFETY: as in `f16_load`.
@@ -166,6 +194,53 @@ mod x86 {
         __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps,
         _mm_loadu_si128, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
     };
+
+    /// [`f16_load`] with the AVX-512 form of `vcvtph2ps` (16 elements an instruction, the same
+    /// conversion), the rest through it.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx,f16c")]
+    pub unsafe fn f16_load512(src: &[u16], dst: &mut [f32]) {
+        use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm512_cvtph_ps, _mm512_storeu_ps};
+        let n = src.len().min(dst.len());
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: `i + 16 <= n`, so elements `i..i + 16` are in both slices; unaligned
+            // loads and stores; the CPU has AVX-512F (caller).
+            unsafe {
+                let a = _mm256_loadu_si256(s.add(i) as *const __m256i);
+                _mm512_storeu_ps(d.add(i), _mm512_cvtph_ps(a));
+            }
+            i += 16;
+        }
+        // SAFETY: F16C (caller); the slices' rest
+        unsafe { f16_load(&src[i..n], &mut dst[i..n]) }
+    }
+
+    /// [`f16_store`] with the AVX-512 form of `vcvtps2ph` (round to nearest even, set in the
+    /// instruction), the rest through it.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and F16C.
+    #[target_feature(enable = "avx512f,avx,f16c")]
+    pub unsafe fn f16_store512(src: &[f32], dst: &mut [u16]) {
+        use std::arch::x86_64::{__m256i, _mm256_storeu_si256, _mm512_cvtps_ph, _mm512_loadu_ps};
+        let n = src.len().min(dst.len());
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: as in `f16_load512`.
+            unsafe {
+                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(s.add(i)));
+                _mm256_storeu_si256(d.add(i) as *mut __m256i, h);
+            }
+            i += 16;
+        }
+        // SAFETY: F16C (caller); the slices' rest
+        unsafe { f16_store(&src[i..n], &mut dst[i..n]) }
+    }
 
     /// F16C block load, 16 elements a step, the tail through the scalar code.
     ///
