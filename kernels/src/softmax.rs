@@ -100,9 +100,10 @@ where
         return Ok(());
     }
     let direct = lin.stride == 1 && lout.stride == 1;
-    // the lane after `lane` (a direct one), which its task takes next
-    let next_row = |lane: usize| NextRow {
-        p: if lane + 1 < lin.count {
+    // the lane after `lane` (a direct one), which its task takes next if it is before `end`
+    // (the end of the task's range)
+    let next_row = |lane: usize, end: usize| NextRow {
+        p: if lane + 1 < end.min(lin.count) {
             // (the whole `Sync` wrapper, not its raw-pointer field)
             let q: InPtr<T> = p;
             q.0.wrapping_offset(lin.base(lane + 1)) as *const u8
@@ -112,6 +113,7 @@ where
         elem: std::mem::size_of::<T>(),
     };
     parallel_for(pool, lin.count, lane_grain(n), |range| {
+        let end = range.end;
         with_simd(
             #[inline(always)]
             || {
@@ -133,7 +135,7 @@ where
                             (None, None)
                         };
                         if let (Some(src), Some(dst)) = (src, dst) {
-                            softmax_row(src, dst, next_row(lane));
+                            softmax_row(src, dst, next_row(lane, end));
                         } else if direct && n >= CONVERT_MIN_ROW {
                             // a long half-type lane: converted block by block
                             with_scratch(
@@ -147,7 +149,7 @@ where
                                             n,
                                         ),
                                         buf,
-                                        next_row(lane),
+                                        next_row(lane, end),
                                     )
                                 },
                             );
@@ -157,7 +159,7 @@ where
                             load_strided(p, lin.base(lane), lin.stride, &mut buf);
                             // (a contiguous half-type lane: its next one is prefetched too)
                             let next = if direct {
-                                next_row(lane)
+                                next_row(lane, end)
                             } else {
                                 NextRow::NONE
                             };
