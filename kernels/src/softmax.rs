@@ -222,8 +222,21 @@ fn max_into<S: Copy, C: Real>(acc: &mut [C; ACC], a: &[S], to_c: impl Fn(S) -> C
         let v = to_c(r[j]);
         acc[j] = if v > acc[j] { v } else { acc[j] };
     }
-    acc.iter()
-        .fold(C::neg_infinity(), |m, &v| if v > m { v } else { m })
+    // the lanes' maximum as a tree (halves, then quarters, ...): a chain of 4 maxima where a
+    // left-to-right fold was 16, each waiting for the last. No lane is NaN (a NaN never wins a
+    // `>`), and a maximum is exact in any order, so the value is the fold's (a zero's sign aside).
+    let mut w = ACC / 2;
+    while w > 0 {
+        for j in 0..w {
+            acc[j] = if acc[j + w] > acc[j] {
+                acc[j + w]
+            } else {
+                acc[j]
+            };
+        }
+        w /= 2;
+    }
+    acc[0]
 }
 
 /// `dst = softmax(src)`: max, then `exp(x - max)` stored and summed (fixed order, see
