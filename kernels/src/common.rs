@@ -1003,15 +1003,10 @@ pub fn zip_map<T: Scalar, const N: usize>(
         .collect();
     let (dims, strides) = coalesce(out_shape, &per_dim);
     let s_in = strides[strides.len() - 1];
-    if dims.len() == 1 && s_in.iter().all(|&s| s == 0 || s == 1) {
-        // One flat run: every input contiguous or a broadcast scalar.
-        let bcast: [bool; N] = std::array::from_fn(|k| s_in[k] == 0);
-        return flat_run(pool, ptrs, bcast, op, n, &f);
-    }
     // Runs along the innermost dim where every input is contiguous or one broadcast value (a
-    // per-channel bias over NCHW: runs of H * W): each run goes through the flat path, which
-    // vectorises (the element-by-element loop below ran a [1, 128, 56, 56] + [128, 1, 1] add
-    // at half ONNX Runtime's speed).
+    // per-channel bias over NCHW: runs of H * W; one run when the dims coalesce into one):
+    // each run goes through the flat path, which vectorises (the element-by-element loop below
+    // ran a [1, 128, 56, 56] + [128, 1, 1] add at half ONNX Runtime's speed).
     if s_in.iter().all(|&s| s == 0 || s == 1) {
         let bcast: [bool; N] = std::array::from_fn(|k| s_in[k] == 0);
         parallel_for(pool, n, GRAIN, |range| {
