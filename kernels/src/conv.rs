@@ -1942,13 +1942,7 @@ fn gemm_tiles_f32(
     let panels = og.div_ceil(MR);
     // a leading relu goes into the tiles' last pass, as they store (a separate pass over a
     // 16 -> 64 1x1 layer's outputs at 55x55 cost a quarter of its time)
-    let (relu, epi) = match epi {
-        Some(steps) => {
-            let (relu, rest) = split_leading_relu(steps);
-            (relu, Some(rest).filter(|r| !r.is_empty()))
-        }
-        None => (false, None),
-    };
+    let (relu, epi) = split_leading_relu(epi);
     let bp = bias_panels(g, bc);
     // Blocks of positions: at most the cache-sized block, a whole number of tiles each, their
     // sizes differing by at most one tile; with few tasks for the threads, as many blocks as

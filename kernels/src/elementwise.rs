@@ -282,9 +282,9 @@ pub(crate) fn relu_c<C: Num>(v: C) -> C {
 
 /// add as an epilogue ([`EpilogueFn`]): `out + other` (or `other + out`) per value, the f32
 /// kernel's bits (the operands in the node's order, so even a NaN's payload is the same).
-// (clippy takes `a + b` and `b + a` for the same; with two NaNs, x86 returns the first one's)
 /// (Inside `with_simd`: a kernel calls an epilogue through a function pointer, so its loop is
 /// compiled here, on its own, and was baseline SSE2 code without it.)
+// (clippy takes `a + b` and `b + a` for the same; with two NaNs, x86 returns the first one's)
 #[allow(clippy::if_same_then_else)]
 fn add_in_place(out: &mut [f32], other: &[f32], out_first: bool) {
     with_simd(
@@ -297,20 +297,24 @@ fn add_in_place(out: &mut [f32], other: &[f32], out_first: bool) {
     )
 }
 
-/// `steps` without a leading relu, and whether there was one: a kernel that applies relu to
-/// values in registers as it stores them (`relu_c`'s bits: `max(0, v)` with 0 as the first
-/// operand, so a NaN and -0 stay) runs only the rest.
+/// Whether the chain `epi` starts with relu, and the rest of it (None where nothing is left):
+/// for a kernel that applies relu to values in registers as it stores them (`relu_c`'s bits:
+/// `max(0, v)` with 0 as the first operand, so a NaN and -0 stay) and runs only the rest.
 pub(crate) fn split_leading_relu<'s, 't>(
-    steps: &'s [kernel_core::Epilogue<'t>],
-) -> (bool, &'s [kernel_core::Epilogue<'t>]) {
-    match steps.split_first() {
+    epi: Option<&'s [kernel_core::Epilogue<'t>]>,
+) -> (bool, Option<&'s [kernel_core::Epilogue<'t>]>) {
+    let Some(steps) = epi else {
+        return (false, None);
+    };
+    let (relu, rest) = match steps.split_first() {
         Some((kernel_core::Epilogue::Unary(f), rest))
             if std::ptr::fn_addr_eq(*f, relu_in_place as fn(&mut [f32])) =>
         {
             (true, rest)
         }
         _ => (false, steps),
-    }
+    };
+    (relu, Some(rest).filter(|r| !r.is_empty()))
 }
 
 /// relu as an epilogue ([`EpilogueFn`]): `relu_c` on each value, the f32 kernel's bits

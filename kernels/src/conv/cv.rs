@@ -698,13 +698,7 @@ pub(super) fn cv_f32(
     let kk = g.kh * g.kw;
     // a leading relu goes into the unpacking (a separate pass cost a tenth of a 16 -> 64 3x3
     // layer at 55x55)
-    let (relu, epi_rest) = match epi {
-        Some(steps) => {
-            let (relu, rest) = split_leading_relu(steps);
-            (relu, Some(rest))
-        }
-        None => (false, None),
-    };
+    let (relu, epi) = split_leading_relu(epi);
     // the panel width, and with it the packed weights' layout and the tile (AVX2 or AVX-512)
     assert_runnable(cw);
     let panels = og.div_ceil(cw);
@@ -831,7 +825,7 @@ pub(super) fn cv_f32(
                         unsafe {
                             unpack_out(scratch, cw, npos, ocn, op.ptr().add(at0), pos, relu)
                         };
-                        if let Some(steps) = epi_rest.filter(|r| !r.is_empty()) {
+                        if let Some(steps) = epi {
                             for i in 0..ocn {
                                 let at = at0 + i * pos;
                                 // SAFETY: as for the unpacking.
