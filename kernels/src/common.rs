@@ -93,7 +93,7 @@ num_int!(i64);
 /// The `_v` functions and the gelu helpers are the ones kernels call in hot loops: for f32
 /// they are the branch-free, vectorisable versions of [`crate::vmath`]; for f64 they are
 /// libm / std (accurate to an ulp, scalar).
-pub trait Real: Num + num_traits::Float {
+pub trait Real: Num + num_traits::Float + Scalar<C = Self> {
     fn from_f64(v: f64) -> Self;
     /// `self` as f64 (exact).
     fn to_f64(self) -> f64;
@@ -126,29 +126,12 @@ pub trait Real: Num + num_traits::Float {
         }
         false
     }
-    /// [`Real::exp_diff_chunk`]'s fast path over the leading chunks of `s` that take it, with
-    /// each result added into `acc[i % ACC]` in order; returns how many chunks it did (the
-    /// caller's chunk loop does the rest). 0 here; f32 has an explicit-SIMD loop
-    /// ([`crate::vmath::exp_diff_chunks`]).
-    #[inline(always)]
-    fn exp_diff_chunks(s: &[Self], m: Self, d: &mut [Self], acc: &mut [Self; ACC]) -> usize {
-        let _ = (s, m, d, acc);
-        0
-    }
     /// `dst[i] = src[i].gelu_tanh()` (same bits), as [`Real::gelu_erf_slice`].
     #[inline(always)]
     fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
         for (o, &x) in dst.iter_mut().zip(src) {
             *o = x.gelu_tanh();
         }
-    }
-    /// The leading whole chunks of [`ACC`] elements of `s` maxed into `acc[i % ACC]`
-    /// (`if v > a { v } else { a }`); returns how many chunks it did. 0 here; f32 has an
-    /// explicit-SIMD loop ([`crate::vmath::max_chunks`]).
-    #[inline(always)]
-    fn max_chunks(s: &[Self], acc: &mut [Self; ACC]) -> usize {
-        let _ = (s, acc);
-        0
     }
 }
 /// 1/sqrt(2 pi)
@@ -188,16 +171,8 @@ impl Real for f32 {
         crate::vmath::exp_diff_chunk(s, m, d)
     }
     #[inline(always)]
-    fn exp_diff_chunks(s: &[Self], m: Self, d: &mut [Self], acc: &mut [Self; ACC]) -> usize {
-        crate::vmath::exp_diff_chunks(s, m, d, acc)
-    }
-    #[inline(always)]
     fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
         crate::vmath::gelu_tanh_slice(src, dst)
-    }
-    #[inline(always)]
-    fn max_chunks(s: &[Self], acc: &mut [Self; ACC]) -> usize {
-        crate::vmath::max_chunks(s, acc)
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
@@ -262,6 +237,38 @@ pub trait Scalar: Element {
     /// than [`Scalar::load`] blocks first (true where `to_c` is a few integer instructions that
     /// vectorise in the loop, bf16; f16's block load is F16C, a call, better done per block).
     const CONVERT_IN_LOOP: bool = false;
+    /// `Real::exp_diff_chunk`'s fast path over the leading chunks of [`ACC`] elements of `s`
+    /// that take it, converted to the compute type as they are read: `d[i] = e^(s[i] - m)`,
+    /// each added into `acc[i % ACC]` in order; returns how many chunks it did (the caller's
+    /// chunk loop does the rest). 0 here; f32 and the 16-bit floats have explicit-SIMD loops
+    /// ([`crate::vmath::exp_diff_chunks`]).
+    #[inline(always)]
+    fn exp_diff_chunks(
+        s: &[Self],
+        m: Self::C,
+        d: &mut [Self::C],
+        acc: &mut [Self::C; ACC],
+    ) -> usize {
+        let _ = (s, m, d, acc);
+        0
+    }
+    /// The leading whole chunks of [`ACC`] elements of `s`, converted, maxed into
+    /// `acc[i % ACC]` (`if v > a { v } else { a }`); returns how many chunks it did. 0 here;
+    /// f32 and the 16-bit floats have explicit-SIMD loops ([`crate::vmath::max_chunks`]).
+    #[inline(always)]
+    fn max_chunks(s: &[Self], acc: &mut [Self::C; ACC]) -> usize {
+        let _ = (s, acc);
+        0
+    }
+    /// Softmax's division by `sum` (given `rcp = 1 / sum`, two fused multiply-adds of
+    /// correction, as softmax.rs's `div_markstein`) over the leading whole chunks of [`ACC`]
+    /// elements of `s`, each result stored converted into `d`; returns how many chunks it did.
+    /// 0 here; the 16-bit floats have explicit-SIMD loops ([`crate::vmath::div_store_chunks`]).
+    #[inline(always)]
+    fn div_store_chunks(s: &[Self::C], sum: Self::C, rcp: Self::C, d: &mut [Self]) -> usize {
+        let _ = (s, sum, rcp, d);
+        0
+    }
     /// The 16-bit floats' storage bits (f16, bf16), for kernels that order them by
     /// [`half_key`] without converting; `None` for other types.
     #[inline(always)]
@@ -300,9 +307,10 @@ pub fn half_key(h: u16, inf: u16) -> i16 {
 }
 
 macro_rules! scalar_ident {
-    ($t:ty) => {
+    ($t:ty $(, $extra:item)*) => {
         impl Scalar for $t {
             type C = $t;
+            $($extra)*
             #[inline(always)]
             fn to_c(self) -> $t {
                 self
@@ -330,7 +338,17 @@ macro_rules! scalar_ident {
         }
     };
 }
-scalar_ident!(f32);
+scalar_ident!(
+    f32,
+    #[inline(always)]
+    fn exp_diff_chunks(s: &[f32], m: f32, d: &mut [f32], acc: &mut [f32; ACC]) -> usize {
+        crate::vmath::exp_diff_chunks(s, m, d, acc)
+    },
+    #[inline(always)]
+    fn max_chunks(s: &[f32], acc: &mut [f32; ACC]) -> usize {
+        crate::vmath::max_chunks(s, acc)
+    }
+);
 scalar_ident!(f64);
 scalar_ident!(i32);
 scalar_ident!(i64);
@@ -371,6 +389,19 @@ macro_rules! scalar_half {
                 Some(s.reinterpret_cast_mut())
             }
             const HALF_INF: u16 = <$t>::INFINITY.to_bits();
+            #[inline(always)]
+            fn exp_diff_chunks(s: &[Self], m: f32, d: &mut [f32], acc: &mut [f32; ACC]) -> usize {
+                crate::vmath::exp_diff_chunks(s, m, d, acc)
+            }
+            #[inline(always)]
+            fn max_chunks(s: &[Self], acc: &mut [f32; ACC]) -> usize {
+                crate::vmath::max_chunks(s, acc)
+            }
+            #[inline(always)]
+            fn div_store_chunks(s: &[f32], sum: f32, rcp: f32, d: &mut [Self]) -> usize {
+                crate::vmath::div_store_chunks(s, sum, rcp, d)
+            }
+
             #[inline(always)]
             fn as_c_mut(_: &mut [Self]) -> Option<&mut [f32]> {
                 None
@@ -677,6 +708,22 @@ pub fn force_simd_level(level: Option<SimdLevel>) {
         Some(SimdLevel::Avx512) => 3,
     };
     FORCED.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Runs `f` with [`with_simd`] forced to each level the CPU has, baseline first, passing the
+/// level's name; the best level again afterwards. `force_simd_level` is process-wide, so the
+/// unit tests that force it take turns.
+#[cfg(test)]
+pub(crate) fn at_each_level(mut f: impl FnMut(&str)) {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for l in [SimdLevel::Baseline, SimdLevel::Avx2Fma, SimdLevel::Avx512] {
+        if l <= cpu_simd_level() {
+            force_simd_level(Some(l));
+            f(&format!("{l:?}"));
+        }
+    }
+    force_simd_level(None);
 }
 
 /// Whether the CPU has AVX2 and FMA (checked once; std caches the answer).

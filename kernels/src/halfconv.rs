@@ -313,26 +313,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::{force_simd_level, with_simd, SimdLevel};
+    use crate::common::{at_each_level, with_simd};
     use half::{bf16, f16};
-
-    /// Levels to test: the baseline (portable code) and the best the CPU has (F16C for f16
-    /// where present). `force_simd_level` is process-wide, so the tests that use it share a
-    /// lock.
-    fn levels() -> Vec<Option<SimdLevel>> {
-        vec![Some(SimdLevel::Baseline), None]
-    }
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-    fn at_each_level(mut f: impl FnMut(&str)) {
-        let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        for l in levels() {
-            force_simd_level(l);
-            let name = format!("{:?}", crate::common::simd_level());
-            f(&name);
-        }
-        force_simd_level(None);
-    }
 
     /// Every f32 pattern that matters for rounding to a 16-bit format whose values are the
     /// f32 patterns `h << shift` (bf16) or near them: each value of the narrow format and its

@@ -143,6 +143,261 @@ fn exp_diff_fast(x: f32, m: f32) -> f32 {
     p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
 }
 
+/// Elements that the explicit-SIMD chunk loops ([`max_chunks`], [`exp_diff_chunks`]) read as
+/// f32 lanes: f32 itself, and the 16-bit floats converted as they are loaded (f16 through
+/// `vcvtph2ps`, bf16 as the top half of an f32), so a half-type softmax row needs no
+/// conversion pass of its own. Each conversion is exact, so the loops give the bits they give
+/// on the converted row (the quieting of a signalling NaN aside, which no loop here sees: a
+/// NaN never wins a maximum and stops the exponentials' fast path).
+pub trait Lanes: Copy {
+    /// Whether the loops can run at the AVX2 level: they are compiled with F16C as well (which
+    /// f16 needs there), so the CPU must have it.
+    #[inline(always)]
+    fn at_avx2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+    /// Eight elements at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// `p .. p + 8` is readable; the caller runs with AVX2 (and F16C where [`Lanes::at_avx2`]
+    /// asks for it).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen elements at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// `p .. p + 16` is readable; the caller runs with AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// Eight f32 lanes stored at `p`, rounded to this type as [`crate::common::Scalar::from_c`]
+    /// rounds (nearest even; a NaN stays a NaN).
+    ///
+    /// # Safety
+    /// As [`Lanes::load8`], `p .. p + 8` writable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256);
+    /// Sixteen f32 lanes stored at `p`, as [`Lanes::store8`].
+    ///
+    /// # Safety
+    /// As [`Lanes::load16`], `p .. p + 16` writable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512);
+}
+
+// (The loads are `#[inline(always)]` without a `target_feature` of their own: inlined into the
+// `target_feature` loops, their intrinsics compile at those loops' level.)
+impl Lanes for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8(p: *mut f32, v: std::arch::x86_64::__m256) {
+        // SAFETY: the caller's
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(p, v) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store16(p: *mut f32, v: std::arch::x86_64::__m512) {
+        // SAFETY: the caller's
+        unsafe { std::arch::x86_64::_mm512_storeu_ps(p, v) }
+    }
+}
+
+impl Lanes for half::f16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (16 readable bytes; F16C)
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (32 readable bytes; the 512-bit form is AVX-512F)
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (16 writable bytes; F16C). Nearest even, set in the
+        // instruction, as `f32_to_f16`.
+        unsafe {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            _mm_storeu_si128(p as *mut __m128i, h)
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (32 writable bytes; AVX-512F), rounding as in `store8`
+        unsafe {
+            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            _mm256_storeu_si256(p as *mut __m256i, h)
+        }
+    }
+}
+
+impl Lanes for half::bf16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (16 readable bytes; AVX2)
+        unsafe {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (32 readable bytes; AVX-512F)
+        unsafe {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (16 writable bytes; AVX2)
+        unsafe {
+            // `f32_to_bf16` lane by lane: the bits rounded to nearest even (`x + 0x7FFF + (bit
+            // 16 of x)`, which -inf's bits cannot overflow), or a NaN's top bits made quiet
+            let x = _mm256_castps_si256(v);
+            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+            let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(
+                x,
+                _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)),
+            ));
+            let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x0040));
+            let is_nan = _mm256_cmpgt_epi32(
+                _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF)),
+                _mm256_set1_epi32(0x7F80_0000),
+            );
+            let h = _mm256_blendv_epi8(rounded, nan, is_nan);
+            // lanes hold 0 ..= 0xFFFF, which the unsigned-saturating pack keeps; it packs within
+            // 128-bit halves, so the permute brings elements 0..4 and 4..8 together
+            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(h, h));
+            _mm_storeu_si128(p as *mut __m128i, _mm256_castsi256_si128(packed))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512) {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's (32 writable bytes; AVX-512F)
+        unsafe {
+            // as `store8`, 16 lanes; the comparison gives a mask
+            let x = _mm512_castps_si512(v);
+            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+                x,
+                _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)),
+            ));
+            let nan = _mm512_or_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(0x0040));
+            let is_nan = _mm512_cmpgt_epi32_mask(
+                _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF)),
+                _mm512_set1_epi32(0x7F80_0000),
+            );
+            let h = _mm512_mask_blend_epi32(is_nan, rounded, nan);
+            _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtepi32_epi16(h))
+        }
+    }
+}
+
+/// Softmax's last pass over the leading whole chunks of [`CHUNK`] elements: `d[i] = s[i] /
+/// sum` as `q = s[i] * rcp`, then `q + (s[i] - q * sum) * rcp` in two fused multiply-adds
+/// (softmax.rs's `div_markstein`, the same bits), stored as `S` (rounded as
+/// [`crate::common::Scalar::from_c`] rounds). Returns how many chunks it did: all of them, or
+/// 0 where it has no explicit-SIMD version (the baseline level). With the conversion in the
+/// same loop a half-type row needs no pass of its own to store its result.
+#[inline(always)]
+pub fn div_store_chunks<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    match crate::common::simd_level() {
+        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
+        crate::common::SimdLevel::Avx512 => return unsafe { div_store_avx512(s, sum, rcp, d) },
+        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
+            // SAFETY: the CPU has AVX2 and FMA, as above, and F16C (`at_avx2`).
+            return unsafe { div_store_avx2(s, sum, rcp, d) };
+        }
+        _ => {}
+    }
+    let _ = (s, sum, rcp, d);
+    0
+}
+
+/// [`div_store_chunks`] in AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn div_store_avx512<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+    use std::arch::x86_64::*;
+    let chunks = s.len().min(d.len()) / CHUNK;
+    let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
+    let (vsum, vrcp) = (_mm512_set1_ps(sum), _mm512_set1_ps(rcp));
+    for c in 0..chunks {
+        // SAFETY: chunk `c < chunks` is elements `c * CHUNK .. (c + 1) * CHUNK`, inside `s`
+        // and `d`
+        unsafe {
+            let v = _mm512_loadu_ps(sp.add(c * CHUNK));
+            let q = _mm512_mul_ps(v, vrcp);
+            let rem = _mm512_fnmadd_ps(q, vsum, v);
+            S::store16(dp.add(c * CHUNK), _mm512_fmadd_ps(rem, vrcp, q));
+        }
+    }
+    chunks
+}
+
+/// [`div_store_chunks`] in AVX2 (each chunk two vectors of 8).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn div_store_avx2<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+    use std::arch::x86_64::*;
+    let vectors = s.len().min(d.len()) / CHUNK * 2;
+    let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
+    let (vsum, vrcp) = (_mm256_set1_ps(sum), _mm256_set1_ps(rcp));
+    for c in 0..vectors {
+        // SAFETY: vector `c < vectors` is elements `c * 8 .. (c + 1) * 8`, inside `s` and `d`
+        unsafe {
+            let v = _mm256_loadu_ps(sp.add(c * 8));
+            let q = _mm256_mul_ps(v, vrcp);
+            let rem = _mm256_fnmadd_ps(q, vsum, v);
+            S::store8(dp.add(c * 8), _mm256_fmadd_ps(rem, vrcp, q));
+        }
+    }
+    vectors / 2
+}
+
 /// Lower bound of `x - m` for [`exp_diff_fast`].
 const EXP_FAST_MIN: f32 = -86.0;
 
@@ -150,19 +405,22 @@ const EXP_FAST_MIN: f32 = -86.0;
 /// fast path (every `s[i] - m >= EXP_FAST_MIN`): `d[i] = exp_diff_fast(s[i], m)` and
 /// `acc[i % CHUNK] += d[i]`, chunk after chunk (the same bits and the same order as the loop
 /// over [`exp_diff_chunk`] in softmax); stops before the first chunk that does not, and
-/// returns how many chunks it did. Explicit AVX2 on CPUs that have it (the compiler's own
+/// returns how many chunks it did. `s` may be a 16-bit float type, converted as it is read
+/// ([`Lanes`]). Explicit AVX2 on CPUs that have it (the compiler's own
 /// vectorisation of that loop ran at 0.6 of this speed: it kept the sixteen partial sums in
 /// 2-lane pieces and reloaded constants); elsewhere it does nothing (returns 0) and the
 /// caller's loop does it all.
 #[inline(always)]
-pub fn exp_diff_chunks(s: &[f32], m: f32, d: &mut [f32], acc: &mut [f32; CHUNK]) -> usize {
+pub fn exp_diff_chunks<S: Lanes>(s: &[S], m: f32, d: &mut [f32], acc: &mut [f32; CHUNK]) -> usize {
     #[cfg(target_arch = "x86_64")]
     match crate::common::simd_level() {
         // SAFETY: the CPU has AVX-512F and VL (`simd_level` never reports a level it lacks).
         crate::common::SimdLevel::Avx512 => return unsafe { exp_diff_chunks_avx512(s, m, d, acc) },
-        // SAFETY: the CPU has AVX2 and FMA, as above.
-        crate::common::SimdLevel::Avx2Fma => return unsafe { exp_diff_chunks_avx2(s, m, d, acc) },
-        crate::common::SimdLevel::Baseline => {}
+        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
+            // SAFETY: the CPU has AVX2 and FMA, as above, and F16C (`at_avx2`).
+            return unsafe { exp_diff_chunks_avx2(s, m, d, acc) };
+        }
+        _ => {}
     }
     let _ = (s, m, d, acc);
     0
@@ -171,16 +429,22 @@ pub fn exp_diff_chunks(s: &[f32], m: f32, d: &mut [f32], acc: &mut [f32; CHUNK])
 /// For the leading whole chunks of [`CHUNK`] elements of `s`: `acc[j] = max(acc[j], s[i])`
 /// over the elements `i` with `i % CHUNK == j`, where `max(a, v)` is `if v > a { v } else { a }`
 /// (a NaN is skipped); returns how many chunks it did (all of them), or 0 where it has no
-/// explicit-SIMD version (AVX-512 only: the caller's loop, one chain of `max` per chunk, took
-/// a fifth of a softmax row's time there). Four chains of vectors here, one chunk in four each,
+/// explicit-SIMD version (the baseline level; at AVX-512 the caller's loop, one chain of `max`
+/// per chunk, took a fifth of a softmax row's time). `s` may be a 16-bit float type, converted
+/// as it is read ([`Lanes`]). Four chains of vectors here, one chunk in four each,
 /// then merged lane by lane: each lane's maximum is over the same elements, and a maximum is
 /// exact, so the value is the caller's loop's (a zero's sign aside).
 #[inline(always)]
-pub fn max_chunks(s: &[f32], acc: &mut [f32; CHUNK]) -> usize {
+pub fn max_chunks<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if crate::common::simd_level() == crate::common::SimdLevel::Avx512 {
+    match crate::common::simd_level() {
         // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
-        return unsafe { max_chunks_avx512(s, acc) };
+        crate::common::SimdLevel::Avx512 => return unsafe { max_chunks_avx512(s, acc) },
+        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
+            // SAFETY: the CPU has AVX2, as above, and F16C (`at_avx2`).
+            return unsafe { max_chunks_avx2(s, acc) };
+        }
+        _ => {}
     }
     let _ = (s, acc);
     0
@@ -193,7 +457,7 @@ pub fn max_chunks(s: &[f32], acc: &mut [f32; CHUNK]) -> usize {
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn max_chunks_avx512(s: &[f32], acc: &mut [f32; CHUNK]) -> usize {
+unsafe fn max_chunks_avx512<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
     use std::arch::x86_64::*;
     let chunks = s.len() / CHUNK;
     let sp = s.as_ptr();
@@ -208,10 +472,10 @@ unsafe fn max_chunks_avx512(s: &[f32], acc: &mut [f32; CHUNK]) -> usize {
         let (x0, x1, x2, x3) = unsafe {
             let p = sp.add(c * CHUNK);
             (
-                _mm512_loadu_ps(p),
-                _mm512_loadu_ps(p.add(CHUNK)),
-                _mm512_loadu_ps(p.add(2 * CHUNK)),
-                _mm512_loadu_ps(p.add(3 * CHUNK)),
+                S::load16(p),
+                S::load16(p.add(CHUNK)),
+                S::load16(p.add(2 * CHUNK)),
+                S::load16(p.add(3 * CHUNK)),
             )
         };
         m0 = _mm512_max_ps(x0, m0);
@@ -222,13 +486,61 @@ unsafe fn max_chunks_avx512(s: &[f32], acc: &mut [f32; CHUNK]) -> usize {
     }
     while c < chunks {
         // SAFETY: chunk `c < chunks` is elements `c * CHUNK .. (c + 1) * CHUNK`, inside `s`
-        let x = unsafe { _mm512_loadu_ps(sp.add(c * CHUNK)) };
+        let x = unsafe { S::load16(sp.add(c * CHUNK)) };
         m0 = _mm512_max_ps(x, m0);
         c += 1;
     }
     let m = _mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2));
     // SAFETY: as the first load
     unsafe { _mm512_storeu_ps(acc.as_mut_ptr(), m) };
+    c
+}
+
+/// [`max_chunks`] in AVX2 (each chunk two vectors of 8; `_mm256_max_ps(v, a)` is
+/// `if v > a { v } else { a }` lane by lane), in two chains of chunks.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C ([`Lanes::at_avx2`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn max_chunks_avx2<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+    use std::arch::x86_64::*;
+    let chunks = s.len() / CHUNK;
+    let (sp, ap) = (s.as_ptr(), acc.as_mut_ptr());
+    // SAFETY: `acc` has CHUNK = 16 elements
+    let (mut lo0, mut hi0) = unsafe { (_mm256_loadu_ps(ap), _mm256_loadu_ps(ap.add(8))) };
+    let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+    let (mut lo1, mut hi1) = (ninf, ninf);
+    let mut c = 0;
+    while c + 2 <= chunks {
+        // SAFETY: chunks `c .. c + 2`, `c + 2 <= chunks`, are inside `s`
+        let (x0, x1, x2, x3) = unsafe {
+            let p = sp.add(c * CHUNK);
+            (
+                S::load8(p),
+                S::load8(p.add(8)),
+                S::load8(p.add(CHUNK)),
+                S::load8(p.add(CHUNK + 8)),
+            )
+        };
+        lo0 = _mm256_max_ps(x0, lo0);
+        hi0 = _mm256_max_ps(x1, hi0);
+        lo1 = _mm256_max_ps(x2, lo1);
+        hi1 = _mm256_max_ps(x3, hi1);
+        c += 2;
+    }
+    if c < chunks {
+        // SAFETY: chunk `c < chunks` is inside `s`
+        let (x0, x1) = unsafe { (S::load8(sp.add(c * CHUNK)), S::load8(sp.add(c * CHUNK + 8))) };
+        lo0 = _mm256_max_ps(x0, lo0);
+        hi0 = _mm256_max_ps(x1, hi0);
+        c += 1;
+    }
+    // SAFETY: as the first loads
+    unsafe {
+        _mm256_storeu_ps(ap, _mm256_max_ps(lo1, lo0));
+        _mm256_storeu_ps(ap.add(8), _mm256_max_ps(hi1, hi0));
+    }
     c
 }
 
@@ -241,8 +553,8 @@ unsafe fn max_chunks_avx512(s: &[f32], acc: &mut [f32; CHUNK]) -> usize {
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn exp_diff_chunks_avx512(
-    s: &[f32],
+unsafe fn exp_diff_chunks_avx512<S: Lanes>(
+    s: &[S],
     m: f32,
     d: &mut [f32],
     acc: &mut [f32; CHUNK],
@@ -258,7 +570,7 @@ unsafe fn exp_diff_chunks_avx512(
     while c < chunks {
         let at = c * CHUNK;
         // SAFETY: chunk `c < chunks` is elements `at .. at + CHUNK`, inside `s` and `d`
-        let x = unsafe { _mm512_loadu_ps(sp.add(at)) };
+        let x = unsafe { S::load16(sp.add(at)) };
         let dd = _mm512_sub_ps(x, vm);
         if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
             break;
@@ -297,10 +609,15 @@ unsafe fn exp_diff_chunks_avx512(
 /// operations, in its order (`a.mul_add(b, c)` is `fmadd(a, b, c)`, one rounding either way).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp_diff_chunks_avx2(s: &[f32], m: f32, d: &mut [f32], acc: &mut [f32; CHUNK]) -> usize {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exp_diff_chunks_avx2<S: Lanes>(
+    s: &[S],
+    m: f32,
+    d: &mut [f32],
+    acc: &mut [f32; CHUNK],
+) -> usize {
     use std::arch::x86_64::*;
     let chunks = s.len().min(d.len()) / CHUNK;
     let (sp, dp, ap) = (s.as_ptr(), d.as_mut_ptr(), acc.as_mut_ptr());
@@ -337,7 +654,7 @@ unsafe fn exp_diff_chunks_avx2(s: &[f32], m: f32, d: &mut [f32], acc: &mut [f32;
     while c < chunks {
         let at = c * CHUNK;
         // SAFETY: chunk `c < chunks` is elements `at .. at + CHUNK`, inside `s` and `d`
-        let (x0, x1) = unsafe { (_mm256_loadu_ps(sp.add(at)), _mm256_loadu_ps(sp.add(at + 8))) };
+        let (x0, x1) = unsafe { (S::load8(sp.add(at)), S::load8(sp.add(at + 8))) };
         let (d0, d1) = (_mm256_sub_ps(x0, vm), _mm256_sub_ps(x1, vm));
         let ok0 = _mm256_cmp_ps::<_CMP_GE_OQ>(d0, vmin);
         let ok = _mm256_and_ps(ok0, _mm256_cmp_ps::<_CMP_GE_OQ>(d1, vmin));
@@ -1021,35 +1338,39 @@ mod tests {
 
     #[test]
     fn explicit_simd_max_chunks_give_the_loops_maxima() {
-        // `max_chunks` (AVX-512 here when the CPU has it) against `if v > a { v } else { a }`
-        // per lane: NaN skipped, -inf kept, every chunk count modulo its four chains
-        for chunks in [0usize, 1, 3, 4, 5, 9] {
-            let mut xs: Vec<f32> = (0..chunks * CHUNK + 5)
-                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 20_001) as f32 / 100.0 - 100.0)
-                .collect();
-            for (i, x) in xs.iter_mut().enumerate() {
-                match i % 23 {
-                    3 => *x = f32::NAN,
-                    7 => *x = f32::NEG_INFINITY,
-                    _ => {}
+        // `max_chunks` (AVX-512 and AVX2 where the CPU has them) against `if v > a { v } else
+        // { a }` per lane: NaN skipped, -inf kept, every chunk count modulo its chains
+        crate::common::at_each_level(|level| {
+            for chunks in [0usize, 1, 2, 3, 4, 5, 9] {
+                let mut xs: Vec<f32> = (0..chunks * CHUNK + 5)
+                    .map(|i| {
+                        ((i as u32).wrapping_mul(2_654_435_761) % 20_001) as f32 / 100.0 - 100.0
+                    })
+                    .collect();
+                for (i, x) in xs.iter_mut().enumerate() {
+                    match i % 23 {
+                        3 => *x = f32::NAN,
+                        7 => *x = f32::NEG_INFINITY,
+                        _ => {}
+                    }
                 }
+                let start = [-50.0f32; CHUNK];
+                let mut acc = start;
+                let done = max_chunks(&xs, &mut acc);
+                let have_simd = crate::common::simd_level() != crate::common::SimdLevel::Baseline;
+                assert_eq!(done, if have_simd { chunks } else { 0 }, "{level}");
+                let mut want = start;
+                for (i, &v) in xs[..done * CHUNK].iter().enumerate() {
+                    let a = &mut want[i % CHUNK];
+                    *a = if v > *a { v } else { *a };
+                }
+                assert_eq!(
+                    acc.map(f32::to_bits),
+                    want.map(f32::to_bits),
+                    "{level}: {chunks} chunks"
+                );
             }
-            let start = [-50.0f32; CHUNK];
-            let mut acc = start;
-            let done = max_chunks(&xs, &mut acc);
-            let have_simd = crate::common::simd_level() == crate::common::SimdLevel::Avx512;
-            assert_eq!(done, if have_simd { chunks } else { 0 });
-            let mut want = start;
-            for (i, &v) in xs[..done * CHUNK].iter().enumerate() {
-                let a = &mut want[i % CHUNK];
-                *a = if v > *a { v } else { *a };
-            }
-            assert_eq!(
-                acc.map(f32::to_bits),
-                want.map(f32::to_bits),
-                "{chunks} chunks"
-            );
-        }
+        });
     }
 
     #[test]
@@ -1059,55 +1380,57 @@ mod tests {
         // chunk off the fast path (a difference below EXP_FAST_MIN, or a NaN) and leaves the
         // rest of `d` alone.
         // (m with low bits set, so that many `x - m` round and the two-sum's correction counts)
-        for (m, slow_at) in [
-            (0.0f32, None),
-            (3.4567, Some(5)),
-            (80.123, Some(0)),
-            (-9999.63, Some(9)),
-        ] {
-            let mut xs: Vec<f32> = (0..16 * 12 + 7)
-                .map(|i| m - ((i as u32).wrapping_mul(2_654_435_761) % 85_001) as f32 / 1000.0)
-                .collect();
-            if let Some(c) = slow_at {
-                xs[c * CHUNK + 3] = if c == 9 { f32::NAN } else { m - 86.5 };
-            }
-            let mut acc = [0.25f32; CHUNK];
-            let mut d = vec![-1.0f32; xs.len()];
-            let done = exp_diff_chunks(&xs, m, &mut d, &mut acc);
-            let have_simd = crate::common::simd_level() >= crate::common::SimdLevel::Avx2Fma;
-            let whole = xs.len() / CHUNK;
-            let want_done = if have_simd {
-                slow_at.unwrap_or(whole)
-            } else {
-                0
-            };
-            assert_eq!(done, want_done, "m = {m}");
-            let mut want = [0.25f32; CHUNK];
-            for (c, ch) in xs.chunks_exact(CHUNK).enumerate().take(done) {
-                let mut e = [0.0f32; CHUNK];
-                assert!(exp_diff_chunk(ch.try_into().unwrap(), m, &mut e));
+        crate::common::at_each_level(|level| {
+            for (m, slow_at) in [
+                (0.0f32, None),
+                (3.4567, Some(5)),
+                (80.123, Some(0)),
+                (-9999.63, Some(9)),
+            ] {
+                let mut xs: Vec<f32> = (0..16 * 12 + 7)
+                    .map(|i| m - ((i as u32).wrapping_mul(2_654_435_761) % 85_001) as f32 / 1000.0)
+                    .collect();
+                if let Some(c) = slow_at {
+                    xs[c * CHUNK + 3] = if c == 9 { f32::NAN } else { m - 86.5 };
+                }
+                let mut acc = [0.25f32; CHUNK];
+                let mut d = vec![-1.0f32; xs.len()];
+                let done = exp_diff_chunks(&xs, m, &mut d, &mut acc);
+                let have_simd = crate::common::simd_level() >= crate::common::SimdLevel::Avx2Fma;
+                let whole = xs.len() / CHUNK;
+                let want_done = if have_simd {
+                    slow_at.unwrap_or(whole)
+                } else {
+                    0
+                };
+                assert_eq!(done, want_done, "{level}: m = {m}");
+                let mut want = [0.25f32; CHUNK];
+                for (c, ch) in xs.chunks_exact(CHUNK).enumerate().take(done) {
+                    let mut e = [0.0f32; CHUNK];
+                    assert!(exp_diff_chunk(ch.try_into().unwrap(), m, &mut e));
+                    for j in 0..CHUNK {
+                        assert_eq!(
+                            d[c * CHUNK + j].to_bits(),
+                            e[j].to_bits(),
+                            "e^({} - {m})",
+                            ch[j]
+                        );
+                        want[j] += e[j];
+                    }
+                }
+                assert!(
+                    d[done * CHUNK..].iter().all(|&v| v == -1.0),
+                    "wrote past its chunks"
+                );
                 for j in 0..CHUNK {
                     assert_eq!(
-                        d[c * CHUNK + j].to_bits(),
-                        e[j].to_bits(),
-                        "e^({} - {m})",
-                        ch[j]
+                        acc[j].to_bits(),
+                        want[j].to_bits(),
+                        "partial sum {j}, m = {m}"
                     );
-                    want[j] += e[j];
                 }
             }
-            assert!(
-                d[done * CHUNK..].iter().all(|&v| v == -1.0),
-                "wrote past its chunks"
-            );
-            for j in 0..CHUNK {
-                assert_eq!(
-                    acc[j].to_bits(),
-                    want[j].to_bits(),
-                    "partial sum {j}, m = {m}"
-                );
-            }
-        }
+        });
     }
 
     #[test]
@@ -1131,5 +1454,58 @@ mod tests {
                 + exp_diff_f32(std::hint::black_box(x), 21.5);
             assert_eq!(o.to_bits(), s.to_bits(), "x = {x}");
         }
+    }
+
+    #[test]
+    fn divided_chunks_stored_as_half_types_round_as_from_c() {
+        // `div_store_chunks` by 1 (q = v, no correction) stores every value as the scalar
+        // conversion does: each f16 and bf16 value, the midpoints between them and their
+        // neighbours (ties to even), overflow, subnormals and NaNs with payloads. (A NaN reaches
+        // the store already quiet, from the multiplication, as it does in softmax; so whether
+        // the store itself sets the quiet bit does not show here.)
+        let mut vs: Vec<f32> = Vec::new();
+        for h in (0..=u16::MAX).step_by(7) {
+            for f in [
+                half::f16::from_bits(h).to_f32(),
+                half::bf16::from_bits(h).to_f32(),
+            ] {
+                let b = f.to_bits();
+                for d in [0u32, 1, 0x0FFF, 0x1000, 0x1001, 0x7FFF, 0x8000, 0x8001] {
+                    vs.push(f32::from_bits(b.wrapping_add(d)));
+                }
+            }
+        }
+        vs.extend([
+            65520.0,
+            -65519.99,
+            1e-8,
+            f32::from_bits(0x7F80_0001),
+            f32::MAX,
+        ]);
+        // infinities give NaN through the correction (inf - inf); softmax never divides them
+        vs.retain(|v| !v.is_infinite());
+        vs.truncate(vs.len() / CHUNK * CHUNK);
+        fn check<S: Lanes + crate::common::Scalar<C = f32>>(vs: &[f32], level: &str) {
+            let mut out = vec![S::from_c(0.0); vs.len()];
+            let done = div_store_chunks(vs, 1.0, 1.0, &mut out);
+            let have_simd = crate::common::simd_level() != crate::common::SimdLevel::Baseline;
+            assert_eq!(
+                done,
+                if have_simd { vs.len() / CHUNK } else { 0 },
+                "{level}"
+            );
+            for (v, o) in vs.iter().zip(&out).take(done * CHUNK) {
+                assert_eq!(
+                    o.to_c().to_bits(),
+                    S::from_c(*v).to_c().to_bits(),
+                    "{level}: {:#010x}",
+                    v.to_bits()
+                );
+            }
+        }
+        crate::common::at_each_level(|level| {
+            check::<half::f16>(&vs, level);
+            check::<half::bf16>(&vs, level);
+        });
     }
 }
