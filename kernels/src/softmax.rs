@@ -387,7 +387,7 @@ fn exp_sum<C: Real, S: Scalar<C = C>, const FINITE: bool>(
             }
         }
         let rd = cd.into_remainder();
-        if FINITE && rs.iter().any(|&v| Num::is_nan(v.to_c())) {
+        if FINITE && rs.iter().fold(false, |b, &v| b | Num::is_nan(v.to_c())) {
             return false;
         }
         for j in 0..rs.len() {
