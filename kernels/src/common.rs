@@ -269,6 +269,22 @@ pub trait Scalar: Element {
         let _ = (s, sum, rcp, d);
         0
     }
+    /// rms_norm's sum of squares over the leading whole chunks of [`ACC`] elements of `s`,
+    /// converted: `acc[i % ACC] += v * v`; returns how many chunks it did. 0 here; the 16-bit
+    /// floats have explicit-SIMD loops ([`crate::vmath::sum_sq_chunks`]).
+    #[inline(always)]
+    fn sum_sq_chunks(s: &[Self], acc: &mut [Self::C; ACC]) -> usize {
+        let _ = (s, acc);
+        0
+    }
+    /// rms_norm's `d[i] = s[i] * r * w[i]` over the leading whole chunks of [`ACC`]
+    /// elements, converted both ways; returns how many chunks it did. 0 here; the 16-bit
+    /// floats have explicit-SIMD loops ([`crate::vmath::scale_store_chunks`]).
+    #[inline(always)]
+    fn scale_store_chunks(s: &[Self], r: Self::C, w: &[Self::C], d: &mut [Self]) -> usize {
+        let _ = (s, r, w, d);
+        0
+    }
     /// The 16-bit floats' storage bits (f16, bf16), for kernels that order them by
     /// [`half_key`] without converting; `None` for other types.
     #[inline(always)]
@@ -400,6 +416,14 @@ macro_rules! scalar_half {
             #[inline(always)]
             fn div_store_chunks(s: &[f32], sum: f32, rcp: f32, d: &mut [Self]) -> usize {
                 crate::vmath::div_store_chunks(s, sum, rcp, d)
+            }
+            #[inline(always)]
+            fn sum_sq_chunks(s: &[Self], acc: &mut [f32; ACC]) -> usize {
+                crate::vmath::sum_sq_chunks(s, acc)
+            }
+            #[inline(always)]
+            fn scale_store_chunks(s: &[Self], r: f32, w: &[f32], d: &mut [Self]) -> usize {
+                crate::vmath::scale_store_chunks(s, r, w, d)
             }
 
             #[inline(always)]

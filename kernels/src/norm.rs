@@ -14,7 +14,7 @@
 use crate::common::Num;
 use crate::common::{
     c_slice, c_slice_mut, contiguous_lanes, expect_shape, in_ptr, lane_grain, load_strided,
-    out_ptr, store_strided, sum_map, with_float, with_simd, Lanes, Real, Scalar,
+    out_ptr, store_strided, sum_map, tree_sum, with_float, with_simd, Lanes, Real, Scalar, ACC,
 };
 use crate::elementwise::req;
 use kernel_core::fmt_dims;
@@ -288,6 +288,15 @@ where
                         };
                         if let (Some(src), Some(dst)) = (src, dst) {
                             rms_row(src, &wb, inv_n, eps, dst);
+                        } else if direct {
+                            // a contiguous half-type row: converted as it is read and written
+                            rms_row_converted(
+                                std::slice::from_raw_parts(p.0.offset(lx.base(lane)), n),
+                                &wb,
+                                inv_n,
+                                eps,
+                                std::slice::from_raw_parts_mut(o.0.offset(lout.base(lane)), n),
+                            );
                         } else {
                             buf.resize(n, T::C::ZERO);
                             obuf.resize(n, T::C::ZERO);
@@ -311,6 +320,28 @@ fn rms_row<C: Real>(x: &[C], w: &[C], inv_n: C, eps: C, dst: &mut [C]) {
     let r = C::ONE / (ss * inv_n + eps).sqrt();
     for ((d, &v), &w) in dst.iter_mut().zip(x).zip(w) {
         *d = v * r * w;
+    }
+}
+
+/// [`rms_row`] of a half-type row, converted as it is read and written (explicit-SIMD loops
+/// where the CPU has them, [`crate::vmath::VecElem`]; element by element elsewhere): the same
+/// operations in the same order, so the same bits as converting the row, [`rms_row`] and
+/// rounding back, in two passes where that took four.
+#[inline(always)]
+fn rms_row_converted<C: Real, T: Scalar<C = C>>(x: &[T], w: &[C], inv_n: C, eps: C, dst: &mut [T]) {
+    let mut acc = [C::ZERO; ACC];
+    let done = T::sum_sq_chunks(x, &mut acc) * ACC;
+    for chunk in x[done..].chunks(ACC) {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            let v = v.to_c();
+            *a = *a + v * v;
+        }
+    }
+    let ss = tree_sum(acc);
+    let r = C::ONE / (ss * inv_n + eps).sqrt();
+    let done = T::scale_store_chunks(x, r, w, dst) * ACC;
+    for ((d, &v), &w) in dst[done..].iter_mut().zip(&x[done..]).zip(&w[done..]) {
+        *d = T::from_c(v.to_c() * r * w);
     }
 }
 
@@ -394,4 +425,68 @@ where
 
 fn rms_norm_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
     with_float!(ctx.input(0).dtype, T => rms_norm_backward_k::<T>(ctx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rms_row, rms_row_converted};
+    use crate::common::{at_each_level, with_simd, Scalar, ACC};
+    use half::{bf16, f16};
+
+    /// Half-type rows against converting the whole row to f32, [`rms_row`] and rounding back:
+    /// the same bits at every SIMD level, for rows of whole chunks and with a remainder, tiny
+    /// (subnormal results) and large values, a NaN and an infinity.
+    fn half_rows_match_converted_rows<T: Scalar<C = f32>>(name: &str) {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+        };
+        at_each_level(|level| {
+            for n in [1024, 3 * ACC + 5, 7, ACC] {
+                let w: Vec<f32> = (0..n).map(|_| next()).collect();
+                let tiny: Vec<f32> = w.iter().map(|v| v * 1e-6).collect();
+                for case in 0..4 {
+                    let mut src: Vec<T> = (0..n).map(|_| T::from_c(next())).collect();
+                    match case {
+                        1 => src[n / 2] = T::from_c(f32::NAN),
+                        2 => src[n - 1] = T::from_c(f32::INFINITY),
+                        // values near f16's largest (squares far past it), and a tiny
+                        // weight: results in the half types' subnormal range
+                        3 => src
+                            .iter_mut()
+                            .for_each(|v| *v = T::from_c(v.to_c() * 1.5e4)),
+                        _ => {}
+                    }
+                    let row: Vec<f32> = src.iter().map(|v| v.to_c()).collect();
+                    let mut want = vec![0f32; n];
+                    let mut got = vec![T::from_c(0.0); n];
+                    let w = if case == 3 { &tiny } else { &w };
+                    with_simd(|| {
+                        rms_row(&row, w, 1.0 / n as f32, 1e-6, &mut want);
+                        rms_row_converted(&src, w, 1.0 / n as f32, 1e-6, &mut got);
+                    });
+                    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                        assert_eq!(
+                            g.to_c().to_bits(),
+                            T::from_c(*w).to_c().to_bits(),
+                            "{name} {level}: row of {n}, case {case}, element {i}"
+                        );
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn f16_rows_converted_as_read_give_the_converted_rows_bits() {
+        half_rows_match_converted_rows::<f16>("f16");
+    }
+
+    #[test]
+    fn bf16_rows_converted_as_read_give_the_converted_rows_bits() {
+        half_rows_match_converted_rows::<bf16>("bf16");
+    }
 }

@@ -261,7 +261,7 @@ const CONVERT_BLOCK: usize = 1024;
 /// [`softmax_row`] of a half-type row `src` into `dst`, through one compute-type buffer `buf`
 /// of the row's length that holds the exponentials. The maximum and the exponentials read
 /// `src` converting as they go (explicit-SIMD loops where the CPU has them, see
-/// [`crate::vmath::Lanes`]), and each block of [`CONVERT_BLOCK`] is divided and converted back
+/// [`crate::vmath::VecElem`]), and each block of [`CONVERT_BLOCK`] is divided and converted back
 /// while it is in L1: the same operations in the same order as converting the whole row and
 /// calling [`softmax_row`] (so the same bits), in three passes, where converting first and
 /// last took five (rows of 1024 in f16 ran at 0.65 of f32's elements per second that way).

@@ -149,7 +149,7 @@ fn exp_diff_fast(x: f32, m: f32) -> f32 {
 /// conversion pass of its own. Each conversion is exact, so the loops give the bits they give
 /// on the converted row (the quieting of a signalling NaN aside, which no loop here sees: a
 /// NaN never wins a maximum and stops the exponentials' fast path).
-pub trait Lanes: Copy {
+pub trait VecElem: Copy {
     /// Whether the loops can run at the AVX2 level: they are compiled with F16C as well (which
     /// f16 needs there), so the CPU must have it.
     #[inline(always)]
@@ -166,7 +166,7 @@ pub trait Lanes: Copy {
     /// Eight elements at `p` as f32 lanes.
     ///
     /// # Safety
-    /// `p .. p + 8` is readable; the caller runs with AVX2 (and F16C where [`Lanes::at_avx2`]
+    /// `p .. p + 8` is readable; the caller runs with AVX2 (and F16C where [`VecElem::at_avx2`]
     /// asks for it).
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
@@ -180,20 +180,20 @@ pub trait Lanes: Copy {
     /// rounds (nearest even; a NaN stays a NaN).
     ///
     /// # Safety
-    /// As [`Lanes::load8`], `p .. p + 8` writable.
+    /// As [`VecElem::load8`], `p .. p + 8` writable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256);
-    /// Sixteen f32 lanes stored at `p`, as [`Lanes::store8`].
+    /// Sixteen f32 lanes stored at `p`, as [`VecElem::store8`].
     ///
     /// # Safety
-    /// As [`Lanes::load16`], `p .. p + 16` writable.
+    /// As [`VecElem::load16`], `p .. p + 16` writable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512);
 }
 
 // (The loads are `#[inline(always)]` without a `target_feature` of their own: inlined into the
 // `target_feature` loops, their intrinsics compile at those loops' level.)
-impl Lanes for f32 {
+impl VecElem for f32 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
@@ -220,7 +220,7 @@ impl Lanes for f32 {
     }
 }
 
-impl Lanes for half::f16 {
+impl VecElem for half::f16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
@@ -258,7 +258,7 @@ impl Lanes for half::f16 {
     }
 }
 
-impl Lanes for half::bf16 {
+impl VecElem for half::bf16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
@@ -336,7 +336,7 @@ impl Lanes for half::bf16 {
 /// 0 where it has no explicit-SIMD version (the baseline level). With the conversion in the
 /// same loop a half-type row needs no pass of its own to store its result.
 #[inline(always)]
-pub fn div_store_chunks<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+pub fn div_store_chunks<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
     #[cfg(target_arch = "x86_64")]
     match crate::common::simd_level() {
         // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
@@ -357,7 +357,7 @@ pub fn div_store_chunks<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) ->
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn div_store_avx512<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+unsafe fn div_store_avx512<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
     use std::arch::x86_64::*;
     let chunks = s.len().min(d.len()) / CHUNK;
     let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
@@ -381,7 +381,7 @@ unsafe fn div_store_avx512<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S])
 /// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn div_store_avx2<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+unsafe fn div_store_avx2<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
     use std::arch::x86_64::*;
     let vectors = s.len().min(d.len()) / CHUNK * 2;
     let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
@@ -398,6 +398,140 @@ unsafe fn div_store_avx2<S: Lanes>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -
     vectors / 2
 }
 
+/// rms_norm's sum of squares over the leading whole chunks of [`CHUNK`] elements of `s`
+/// (converted as they are read, [`VecElem`]): `acc[i % CHUNK] += s[i] * s[i]`, chunk after
+/// chunk, the product rounded before the sum (the same bits as `common::sum_map`'s loop).
+/// Returns how many chunks it did: all of them, or 0 where it has no explicit-SIMD version
+/// (the baseline level).
+#[inline(always)]
+pub fn sum_sq_chunks<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    match crate::common::simd_level() {
+        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
+        crate::common::SimdLevel::Avx512 => return unsafe { sum_sq_avx512(s, acc) },
+        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
+            // SAFETY: the CPU has AVX2, as above, and F16C (`at_avx2`).
+            return unsafe { sum_sq_avx2(s, acc) };
+        }
+        _ => {}
+    }
+    let _ = (s, acc);
+    0
+}
+
+/// [`sum_sq_chunks`] in AVX-512 (one vector is one chunk's 16 partials).
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn sum_sq_avx512<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+    use std::arch::x86_64::*;
+    let chunks = s.len() / CHUNK;
+    // SAFETY: `acc` has CHUNK = 16 elements
+    let mut a = unsafe { _mm512_loadu_ps(acc.as_ptr()) };
+    for c in 0..chunks {
+        // SAFETY: chunk `c < chunks` is inside `s`
+        let v = unsafe { S::load16(s.as_ptr().add(c * CHUNK)) };
+        a = _mm512_add_ps(a, _mm512_mul_ps(v, v));
+    }
+    // SAFETY: as the load
+    unsafe { _mm512_storeu_ps(acc.as_mut_ptr(), a) };
+    chunks
+}
+
+/// [`sum_sq_chunks`] in AVX2 (two vectors a chunk).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sum_sq_avx2<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+    use std::arch::x86_64::*;
+    let chunks = s.len() / CHUNK;
+    let ap = acc.as_mut_ptr();
+    // SAFETY: `acc` has CHUNK = 16 elements
+    let (mut lo, mut hi) = unsafe { (_mm256_loadu_ps(ap), _mm256_loadu_ps(ap.add(8))) };
+    for c in 0..chunks {
+        // SAFETY: chunk `c < chunks` is inside `s`
+        let (v0, v1) = unsafe {
+            let p = s.as_ptr().add(c * CHUNK);
+            (S::load8(p), S::load8(p.add(8)))
+        };
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(v0, v0));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(v1, v1));
+    }
+    // SAFETY: as the loads
+    unsafe {
+        _mm256_storeu_ps(ap, lo);
+        _mm256_storeu_ps(ap.add(8), hi);
+    }
+    chunks
+}
+
+/// rms_norm's last pass over the leading whole chunks of [`CHUNK`] elements: `d[i] = s[i] * r
+/// * w[i]` (two roundings, in that order), `s` converted as it is read and `d` stored as its
+/// type ([`VecElem`]). Returns how many chunks it did: all of them, or 0 at the baseline level.
+#[inline(always)]
+pub fn scale_store_chunks<S: VecElem>(s: &[S], r: f32, w: &[f32], d: &mut [S]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    match crate::common::simd_level() {
+        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
+        crate::common::SimdLevel::Avx512 => return unsafe { scale_store_avx512(s, r, w, d) },
+        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
+            // SAFETY: the CPU has AVX2, as above, and F16C (`at_avx2`).
+            return unsafe { scale_store_avx2(s, r, w, d) };
+        }
+        _ => {}
+    }
+    let _ = (s, r, w, d);
+    0
+}
+
+/// [`scale_store_chunks`] in AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scale_store_avx512<S: VecElem>(s: &[S], r: f32, w: &[f32], d: &mut [S]) -> usize {
+    use std::arch::x86_64::*;
+    let chunks = s.len().min(w.len()).min(d.len()) / CHUNK;
+    let vr = _mm512_set1_ps(r);
+    for c in 0..chunks {
+        let at = c * CHUNK;
+        // SAFETY: chunk `c < chunks` is inside `s`, `w` and `d`
+        unsafe {
+            let v = _mm512_mul_ps(S::load16(s.as_ptr().add(at)), vr);
+            let y = _mm512_mul_ps(v, _mm512_loadu_ps(w.as_ptr().add(at)));
+            S::store16(d.as_mut_ptr().add(at), y);
+        }
+    }
+    chunks
+}
+
+/// [`scale_store_chunks`] in AVX2 (two vectors a chunk).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_store_avx2<S: VecElem>(s: &[S], r: f32, w: &[f32], d: &mut [S]) -> usize {
+    use std::arch::x86_64::*;
+    let vectors = s.len().min(w.len()).min(d.len()) / CHUNK * 2;
+    let vr = _mm256_set1_ps(r);
+    for c in 0..vectors {
+        let at = c * 8;
+        // SAFETY: vector `c < vectors` is elements `at .. at + 8`, inside `s`, `w` and `d`
+        unsafe {
+            let v = _mm256_mul_ps(S::load8(s.as_ptr().add(at)), vr);
+            let y = _mm256_mul_ps(v, _mm256_loadu_ps(w.as_ptr().add(at)));
+            S::store8(d.as_mut_ptr().add(at), y);
+        }
+    }
+    vectors / 2
+}
+
 /// Lower bound of `x - m` for [`exp_diff_fast`].
 const EXP_FAST_MIN: f32 = -86.0;
 
@@ -406,12 +540,17 @@ const EXP_FAST_MIN: f32 = -86.0;
 /// `acc[i % CHUNK] += d[i]`, chunk after chunk (the same bits and the same order as the loop
 /// over [`exp_diff_chunk`] in softmax); stops before the first chunk that does not, and
 /// returns how many chunks it did. `s` may be a 16-bit float type, converted as it is read
-/// ([`Lanes`]). Explicit AVX2 on CPUs that have it (the compiler's own
+/// ([`VecElem`]). Explicit AVX2 on CPUs that have it (the compiler's own
 /// vectorisation of that loop ran at 0.6 of this speed: it kept the sixteen partial sums in
 /// 2-lane pieces and reloaded constants); elsewhere it does nothing (returns 0) and the
 /// caller's loop does it all.
 #[inline(always)]
-pub fn exp_diff_chunks<S: Lanes>(s: &[S], m: f32, d: &mut [f32], acc: &mut [f32; CHUNK]) -> usize {
+pub fn exp_diff_chunks<S: VecElem>(
+    s: &[S],
+    m: f32,
+    d: &mut [f32],
+    acc: &mut [f32; CHUNK],
+) -> usize {
     #[cfg(target_arch = "x86_64")]
     match crate::common::simd_level() {
         // SAFETY: the CPU has AVX-512F and VL (`simd_level` never reports a level it lacks).
@@ -431,11 +570,11 @@ pub fn exp_diff_chunks<S: Lanes>(s: &[S], m: f32, d: &mut [f32], acc: &mut [f32;
 /// (a NaN is skipped); returns how many chunks it did (all of them), or 0 where it has no
 /// explicit-SIMD version (the baseline level; at AVX-512 the caller's loop, one chain of `max`
 /// per chunk, took a fifth of a softmax row's time). `s` may be a 16-bit float type, converted
-/// as it is read ([`Lanes`]). Four chains of vectors here, one chunk in four each,
+/// as it is read ([`VecElem`]). Four chains of vectors here, one chunk in four each,
 /// then merged lane by lane: each lane's maximum is over the same elements, and a maximum is
 /// exact, so the value is the caller's loop's (a zero's sign aside).
 #[inline(always)]
-pub fn max_chunks<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+pub fn max_chunks<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
     #[cfg(target_arch = "x86_64")]
     match crate::common::simd_level() {
         // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
@@ -457,7 +596,7 @@ pub fn max_chunks<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn max_chunks_avx512<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+unsafe fn max_chunks_avx512<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
     use std::arch::x86_64::*;
     let chunks = s.len() / CHUNK;
     let sp = s.as_ptr();
@@ -500,10 +639,10 @@ unsafe fn max_chunks_avx512<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize 
 /// `if v > a { v } else { a }` lane by lane), in two chains of chunks.
 ///
 /// # Safety
-/// The CPU must support AVX2 and F16C ([`Lanes::at_avx2`]).
+/// The CPU must support AVX2 and F16C ([`VecElem::at_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn max_chunks_avx2<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
+unsafe fn max_chunks_avx2<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
     use std::arch::x86_64::*;
     let chunks = s.len() / CHUNK;
     let (sp, ap) = (s.as_ptr(), acc.as_mut_ptr());
@@ -553,7 +692,7 @@ unsafe fn max_chunks_avx2<S: Lanes>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn exp_diff_chunks_avx512<S: Lanes>(
+unsafe fn exp_diff_chunks_avx512<S: VecElem>(
     s: &[S],
     m: f32,
     d: &mut [f32],
@@ -612,7 +751,7 @@ unsafe fn exp_diff_chunks_avx512<S: Lanes>(
 /// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn exp_diff_chunks_avx2<S: Lanes>(
+unsafe fn exp_diff_chunks_avx2<S: VecElem>(
     s: &[S],
     m: f32,
     d: &mut [f32],
@@ -1485,7 +1624,7 @@ mod tests {
         // infinities give NaN through the correction (inf - inf); softmax never divides them
         vs.retain(|v| !v.is_infinite());
         vs.truncate(vs.len() / CHUNK * CHUNK);
-        fn check<S: Lanes + crate::common::Scalar<C = f32>>(vs: &[f32], level: &str) {
+        fn check<S: VecElem + crate::common::Scalar<C = f32>>(vs: &[f32], level: &str) {
             let mut out = vec![S::from_c(0.0); vs.len()];
             let done = div_store_chunks(vs, 1.0, 1.0, &mut out);
             let have_simd = crate::common::simd_level() != crate::common::SimdLevel::Baseline;
@@ -1506,6 +1645,43 @@ mod tests {
         crate::common::at_each_level(|level| {
             check::<half::f16>(&vs, level);
             check::<half::bf16>(&vs, level);
+        });
+    }
+
+    #[test]
+    fn sums_of_squares_of_half_types_give_the_loops_partials() {
+        // `sum_sq_chunks` on f16 and bf16 rows against `acc[i % CHUNK] += v * v` (the product
+        // rounded, then the sum) over the converted values, bit for bit: the rows' rms_norm
+        // outputs, rounded to a half type, would hide a last-bit difference in these partials.
+        // (A half value's square is exact in f32, so a fused multiply-add would give the same
+        // bits here: the order of the sums is what this checks.)
+        fn check<S: VecElem + crate::common::Scalar<C = f32>>(level: &str) {
+            for chunks in [0usize, 1, 5, 64] {
+                let xs: Vec<S> = (0..chunks * CHUNK + 3)
+                    .map(|i| {
+                        let v = ((i as u32).wrapping_mul(2_654_435_761) % 20_001) as f32;
+                        S::from_c(v / 97.0 - 103.0)
+                    })
+                    .collect();
+                let mut acc = [0.3f32; CHUNK];
+                let done = sum_sq_chunks(&xs, &mut acc);
+                let have_simd = crate::common::simd_level() != crate::common::SimdLevel::Baseline;
+                assert_eq!(done, if have_simd { chunks } else { 0 }, "{level}");
+                let mut want = [0.3f32; CHUNK];
+                for (i, v) in xs[..done * CHUNK].iter().enumerate() {
+                    let v = v.to_c();
+                    want[i % CHUNK] += v * v;
+                }
+                assert_eq!(
+                    acc.map(f32::to_bits),
+                    want.map(f32::to_bits),
+                    "{level}: {chunks} chunks"
+                );
+            }
+        }
+        crate::common::at_each_level(|level| {
+            check::<half::f16>(level);
+            check::<half::bf16>(level);
         });
     }
 }
