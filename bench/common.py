@@ -234,12 +234,16 @@ def measure(
     min_time: float = 0.25,
     repeats: int = 7,
     sync: Callable[[], object] | None = None,
+    pause: float = 0.0,
 ) -> dict[str, float]:
     """Median seconds per call of each callable. Calls are batched so each sample lasts at
     least min_time/repeats, and the callables are interleaved sample by sample so drift in the
     machine's speed hits them equally. `sync`, for a framework that runs ops asynchronously
     (MindSpore's PyNative mode), waits for the queued work and is timed at the end of every
-    batch: a batch's time is then that of its calls run to completion, back to back."""
+    batch: a batch's time is then that of its calls run to completion, back to back. `pause`:
+    seconds to wait, untimed, before each batch, for callables that leave threads spinning
+    after they return (ONNX Runtime sessions: each has its own intra-op pool, whose threads
+    spin for a while after a run and would share the cores with the next batch's)."""
     if SMOKE:
         min_time, repeats = 0.005, 3
     sync = sync or (lambda: None)
@@ -266,6 +270,8 @@ def measure(
         for _ in range(repeats):
             for name, f in fns.items():
                 n = number[name]
+                if pause:
+                    time.sleep(pause)
                 t0 = time.perf_counter()
                 for _ in range(n):
                     f()
