@@ -734,6 +734,19 @@ pub fn force_simd_level(level: Option<SimdLevel>) {
     FORCED.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A xorshift generator of values uniform in `[lo, hi)` (24 random bits each), for unit tests
+/// that want many varied rows without a dependency.
+#[cfg(test)]
+pub(crate) fn test_values(seed: u64, lo: f32, hi: f32) -> impl FnMut() -> f32 {
+    let mut s = seed;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo) + lo
+    }
+}
+
 /// Runs `f` with [`with_simd`] forced to each level the CPU has, baseline first, passing the
 /// level's name; the best level again afterwards. `force_simd_level` is process-wide, so the
 /// unit tests that force it take turns.

@@ -430,20 +430,14 @@ fn rms_norm_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{rms_row, rms_row_converted};
-    use crate::common::{at_each_level, with_simd, Scalar, ACC};
+    use crate::common::{at_each_level, test_values, with_simd, Scalar, ACC};
     use half::{bf16, f16};
 
     /// Half-type rows against converting the whole row to f32, [`rms_row`] and rounding back:
     /// the same bits at every SIMD level, for rows of whole chunks and with a remainder, tiny
     /// (subnormal results) and large values, a NaN and an infinity.
     fn half_rows_match_converted_rows<T: Scalar<C = f32>>(name: &str) {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-        };
+        let mut next = test_values(0x9e37_79b9_7f4a_7c15u64, -4.0, 4.0);
         at_each_level(|level| {
             for n in [1024, 3 * ACC + 5, 7, ACC] {
                 let w: Vec<f32> = (0..n).map(|_| next()).collect();

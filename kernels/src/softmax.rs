@@ -502,7 +502,7 @@ fn softmax_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{softmax_row, softmax_row_converted, NextRow, CONVERT_BLOCK};
-    use crate::common::{at_each_level, with_simd, Scalar};
+    use crate::common::{at_each_level, test_values, with_simd, Scalar};
     use half::{bf16, f16};
 
     /// Rows of `T` against converting the whole row to f32, [`softmax_row`] and rounding back:
@@ -511,13 +511,7 @@ mod tests {
     /// their chunks leave the exponentials' fast path in mid-row (and the loop picks it up
     /// again after them).
     fn half_rows_match_converted_rows<T: Scalar<C = f32>>(name: &str) {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 24.0 - 12.0
-        };
+        let mut next = test_values(0x2545_f491_4f6c_dd1du64, -12.0, 12.0);
         at_each_level(|level| {
             for n in [3 * CONVERT_BLOCK + 37, CONVERT_BLOCK, 1000, 40, 5] {
                 for case in 0..12 {

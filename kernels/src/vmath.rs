@@ -143,6 +143,27 @@ fn exp_diff_fast(x: f32, m: f32) -> f32 {
     p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
 }
 
+/// The start of an explicit-SIMD loop's dispatcher over element type `$s` ([`VecElem`]):
+/// returns `$avx512` at the AVX-512 level and `$avx2` at the AVX2 level (where the CPU has
+/// F16C too, [`VecElem::at_avx2`]); at the baseline level it falls through to the caller's
+/// rest.
+macro_rules! by_level {
+    ($s:ty, $avx512:expr, $avx2:expr) => {
+        #[cfg(target_arch = "x86_64")]
+        match crate::common::simd_level() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (`simd_level` never reports a level
+            // it lacks), which the AVX-512 loops are compiled for.
+            crate::common::SimdLevel::Avx512 => return unsafe { $avx512 },
+            crate::common::SimdLevel::Avx2Fma if <$s>::at_avx2() => {
+                // SAFETY: the CPU has AVX2 and FMA, as above, and F16C (`at_avx2`): the AVX2
+                // loops' features.
+                return unsafe { $avx2 };
+            }
+            _ => {}
+        }
+    };
+}
+
 /// Elements that the explicit-SIMD chunk loops ([`max_chunks`], [`exp_diff_chunks`]) read as
 /// f32 lanes: f32 itself, and the 16-bit floats converted as they are loaded (f16 through
 /// `vcvtph2ps`, bf16 as the top half of an f32), so a half-type softmax row needs no
@@ -337,16 +358,11 @@ impl VecElem for half::bf16 {
 /// same loop a half-type row needs no pass of its own to store its result.
 #[inline(always)]
 pub fn div_store_chunks<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    match crate::common::simd_level() {
-        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
-        crate::common::SimdLevel::Avx512 => return unsafe { div_store_avx512(s, sum, rcp, d) },
-        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
-            // SAFETY: the CPU has AVX2 and FMA, as above, and F16C (`at_avx2`).
-            return unsafe { div_store_avx2(s, sum, rcp, d) };
-        }
-        _ => {}
-    }
+    by_level!(
+        S,
+        div_store_avx512(s, sum, rcp, d),
+        div_store_avx2(s, sum, rcp, d)
+    );
     let _ = (s, sum, rcp, d);
     0
 }
@@ -405,16 +421,7 @@ unsafe fn div_store_avx2<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S])
 /// (the baseline level).
 #[inline(always)]
 pub fn sum_sq_chunks<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    match crate::common::simd_level() {
-        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
-        crate::common::SimdLevel::Avx512 => return unsafe { sum_sq_avx512(s, acc) },
-        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
-            // SAFETY: the CPU has AVX2, as above, and F16C (`at_avx2`).
-            return unsafe { sum_sq_avx2(s, acc) };
-        }
-        _ => {}
-    }
+    by_level!(S, sum_sq_avx512(s, acc), sum_sq_avx2(s, acc));
     let _ = (s, acc);
     0
 }
@@ -474,16 +481,11 @@ unsafe fn sum_sq_avx2<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
 /// type ([`VecElem`]). Returns how many chunks it did: all of them, or 0 at the baseline level.
 #[inline(always)]
 pub fn scale_store_chunks<S: VecElem>(s: &[S], r: f32, w: &[f32], d: &mut [S]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    match crate::common::simd_level() {
-        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
-        crate::common::SimdLevel::Avx512 => return unsafe { scale_store_avx512(s, r, w, d) },
-        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
-            // SAFETY: the CPU has AVX2, as above, and F16C (`at_avx2`).
-            return unsafe { scale_store_avx2(s, r, w, d) };
-        }
-        _ => {}
-    }
+    by_level!(
+        S,
+        scale_store_avx512(s, r, w, d),
+        scale_store_avx2(s, r, w, d)
+    );
     let _ = (s, r, w, d);
     0
 }
@@ -551,16 +553,11 @@ pub fn exp_diff_chunks<S: VecElem>(
     d: &mut [f32],
     acc: &mut [f32; CHUNK],
 ) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    match crate::common::simd_level() {
-        // SAFETY: the CPU has AVX-512F and VL (`simd_level` never reports a level it lacks).
-        crate::common::SimdLevel::Avx512 => return unsafe { exp_diff_chunks_avx512(s, m, d, acc) },
-        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
-            // SAFETY: the CPU has AVX2 and FMA, as above, and F16C (`at_avx2`).
-            return unsafe { exp_diff_chunks_avx2(s, m, d, acc) };
-        }
-        _ => {}
-    }
+    by_level!(
+        S,
+        exp_diff_chunks_avx512(s, m, d, acc),
+        exp_diff_chunks_avx2(s, m, d, acc)
+    );
     let _ = (s, m, d, acc);
     0
 }
@@ -575,16 +572,7 @@ pub fn exp_diff_chunks<S: VecElem>(
 /// exact, so the value is the caller's loop's (a zero's sign aside).
 #[inline(always)]
 pub fn max_chunks<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    match crate::common::simd_level() {
-        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks).
-        crate::common::SimdLevel::Avx512 => return unsafe { max_chunks_avx512(s, acc) },
-        crate::common::SimdLevel::Avx2Fma if S::at_avx2() => {
-            // SAFETY: the CPU has AVX2, as above, and F16C (`at_avx2`).
-            return unsafe { max_chunks_avx2(s, acc) };
-        }
-        _ => {}
-    }
+    by_level!(S, max_chunks_avx512(s, acc), max_chunks_avx2(s, acc));
     let _ = (s, acc);
     0
 }
