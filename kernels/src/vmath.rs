@@ -1587,9 +1587,11 @@ mod tests {
     fn divided_chunks_stored_as_half_types_round_as_from_c() {
         // `div_store_chunks` by 1 (q = v, no correction) stores every value as the scalar
         // conversion does: each f16 and bf16 value, the midpoints between them and their
-        // neighbours (ties to even), overflow, subnormals and NaNs with payloads. (A NaN reaches
-        // the store already quiet, from the multiplication, as it does in softmax; so whether
-        // the store itself sets the quiet bit does not show here.)
+        // neighbours (ties to even), overflow and subnormals. Finite values only: the division
+        // runs on softmax's fast path, where every value is finite. (A NaN's sign through
+        // `fnmadd` is not the same in every build: a debug build negates the product before
+        // the add, so a NaN came out negative there and positive in a release build. The row
+        // tests in norm.rs take NaNs through the stores.)
         let mut vs: Vec<f32> = Vec::new();
         for h in (0..=u16::MAX).step_by(7) {
             for f in [
@@ -1602,15 +1604,9 @@ mod tests {
                 }
             }
         }
-        vs.extend([
-            65520.0,
-            -65519.99,
-            1e-8,
-            f32::from_bits(0x7F80_0001),
-            f32::MAX,
-        ]);
-        // infinities give NaN through the correction (inf - inf); softmax never divides them
-        vs.retain(|v| !v.is_infinite());
+        vs.extend([65520.0, -65519.99, 1e-8, f32::MAX]);
+        // (infinities would give NaN through the correction, inf - inf)
+        vs.retain(|v| v.is_finite());
         vs.truncate(vs.len() / CHUNK * CHUNK);
         fn check<S: VecElem + crate::common::Scalar<C = f32>>(vs: &[f32], level: &str) {
             let mut out = vec![S::from_c(0.0); vs.len()];
