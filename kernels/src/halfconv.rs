@@ -190,10 +190,10 @@ pub fn bf16_store(src: &[f32], dst: &mut [u16]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::arch::x86_64::{
-        __m128i, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_storeu_ps,
-        _mm_loadu_si128, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
-    };
+    // The conversions themselves (`vcvtph2ps`, and `vcvtps2ph` rounding to nearest even) are
+    // `VecElem`'s, which the softmax and rms_norm loops use too; these are the block loops.
+    use crate::vmath::VecElem;
+    use half::f16;
 
     /// [`f16_load`] with the AVX-512 form of `vcvtph2ps` (16 elements an instruction, the same
     /// conversion), the rest through it.
@@ -202,17 +202,14 @@ mod x86 {
     /// The CPU must support AVX-512F and F16C.
     #[target_feature(enable = "avx512f,avx,f16c")]
     pub unsafe fn f16_load512(src: &[u16], dst: &mut [f32]) {
-        use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm512_cvtph_ps, _mm512_storeu_ps};
         let n = src.len().min(dst.len());
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        // (f16 is a transparent u16)
+        let (s, d) = (src.as_ptr() as *const f16, dst.as_mut_ptr());
         let mut i = 0;
         while i + 16 <= n {
             // SAFETY: `i + 16 <= n`, so elements `i..i + 16` are in both slices; unaligned
             // loads and stores; the CPU has AVX-512F (caller).
-            unsafe {
-                let a = _mm256_loadu_si256(s.add(i) as *const __m256i);
-                _mm512_storeu_ps(d.add(i), _mm512_cvtph_ps(a));
-            }
+            unsafe { f32::store16(d.add(i), f16::load16(s.add(i))) };
             i += 16;
         }
         // SAFETY: F16C (caller); the slices' rest
@@ -226,48 +223,31 @@ mod x86 {
     /// The CPU must support AVX-512F and F16C.
     #[target_feature(enable = "avx512f,avx,f16c")]
     pub unsafe fn f16_store512(src: &[f32], dst: &mut [u16]) {
-        use std::arch::x86_64::{__m256i, _mm256_storeu_si256, _mm512_cvtps_ph, _mm512_loadu_ps};
         let n = src.len().min(dst.len());
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr() as *mut f16);
         let mut i = 0;
         while i + 16 <= n {
             // SAFETY: as in `f16_load512`.
-            unsafe {
-                let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(s.add(i)));
-                _mm256_storeu_si256(d.add(i) as *mut __m256i, h);
-            }
+            unsafe { f16::store16(d.add(i), f32::load16(s.add(i))) };
             i += 16;
         }
         // SAFETY: F16C (caller); the slices' rest
         unsafe { f16_store(&src[i..n], &mut dst[i..n]) }
     }
 
-    /// F16C block load, 16 elements a step, the tail through the scalar code.
+    /// F16C block load, 8 elements a step, the tail through the scalar code.
     ///
     /// # Safety
     /// The CPU must support F16C (and so AVX).
     #[target_feature(enable = "avx,f16c")]
     pub unsafe fn f16_load(src: &[u16], dst: &mut [f32]) {
         let n = src.len().min(dst.len());
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let (s, d) = (src.as_ptr() as *const f16, dst.as_mut_ptr());
         let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: `i + 16 <= n`, so elements `i..i + 16` are in both slices; the loads and
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n`, so elements `i..i + 8` are in both slices; the loads and
             // stores are unaligned ones; the CPU has F16C (caller).
-            unsafe {
-                let a = _mm_loadu_si128(s.add(i) as *const __m128i);
-                let b = _mm_loadu_si128(s.add(i + 8) as *const __m128i);
-                _mm256_storeu_ps(d.add(i), _mm256_cvtph_ps(a));
-                _mm256_storeu_ps(d.add(i + 8), _mm256_cvtph_ps(b));
-            }
-            i += 16;
-        }
-        if i + 8 <= n {
-            // SAFETY: as above, for elements `i..i + 8`.
-            unsafe {
-                let a = _mm_loadu_si128(s.add(i) as *const __m128i);
-                _mm256_storeu_ps(d.add(i), _mm256_cvtph_ps(a));
-            }
+            unsafe { f32::store8(d.add(i), f16::load8(s.add(i))) };
             i += 8;
         }
         for j in i..n {
@@ -275,7 +255,7 @@ mod x86 {
         }
     }
 
-    /// F16C block store (round to nearest even, set in the instruction), 16 elements a step,
+    /// F16C block store (round to nearest even, set in the instruction), 8 elements a step,
     /// the tail through the scalar code.
     ///
     /// # Safety
@@ -283,25 +263,11 @@ mod x86 {
     #[target_feature(enable = "avx,f16c")]
     pub unsafe fn f16_store(src: &[f32], dst: &mut [u16]) {
         let n = src.len().min(dst.len());
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr() as *mut f16);
         let mut i = 0;
-        while i + 16 <= n {
-            // SAFETY: `i + 16 <= n`, so elements `i..i + 16` are in both slices; the loads and
-            // stores are unaligned ones; the CPU has F16C (caller).
-            unsafe {
-                let a = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.add(i)));
-                let b = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.add(i + 8)));
-                _mm_storeu_si128(d.add(i) as *mut __m128i, a);
-                _mm_storeu_si128(d.add(i + 8) as *mut __m128i, b);
-            }
-            i += 16;
-        }
-        if i + 8 <= n {
-            // SAFETY: as above, for elements `i..i + 8`.
-            unsafe {
-                let a = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.add(i)));
-                _mm_storeu_si128(d.add(i) as *mut __m128i, a);
-            }
+        while i + 8 <= n {
+            // SAFETY: as in `f16_load`.
+            unsafe { f16::store8(d.add(i), f32::load8(s.add(i))) };
             i += 8;
         }
         for j in i..n {
