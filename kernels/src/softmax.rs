@@ -120,16 +120,16 @@ where
                 // f32 rows in place need no buffer; a half-type row one, a strided row two
                 // (from the thread's scratch: fresh buffers of a long row's size are fresh
                 // pages, whose faults cost more than the row's arithmetic)
-                let bufs = if T::as_c(&[]).is_some() && direct {
-                    0
-                } else {
-                    2 * n
+                let bufs = match (direct, T::as_c(&[]).is_some()) {
+                    (true, true) => 0,
+                    (true, false) => n,
+                    (false, _) => 2 * n,
                 };
                 with_scratch(
                     bufs,
                     #[inline(always)]
                     |scratch: &mut [T::C]| {
-                        let (buf, obuf) = scratch.split_at_mut(bufs / 2);
+                        let (buf, obuf) = scratch.split_at_mut(bufs.min(n));
                         for lane in range {
                             // SAFETY: x and the output have the same shape (checked above), so
                             // lane `lane < lin.count` has `n` elements in both, at offsets
