@@ -353,10 +353,17 @@ pub fn run_with_epilogue<'t>(
         if phase == Phase::ShapesOnly {
             return Ok(());
         }
-        // Large fresh outputs would spend more time in page faults than in the kernel.
+        // Large fresh outputs would spend more time in page faults than in the kernel: advised
+        // as huge pages where the allocator accepts it, else, where they are known to be fresh,
+        // faulted in by the pool's threads first (`hugepages`).
+        let huge = crate::hugepages::advised(outputs.huge_pages());
         for v in &views {
             let (lo, hi) = byte_range(v.ptr(), v.dtype, &v.shape, &v.strides);
-            crate::hugepages::advise_output(lo, hi);
+            if huge {
+                crate::hugepages::advise(lo, hi);
+            } else if outputs.always_fresh() {
+                crate::hugepages::prefault(lo, hi, pool);
+            }
         }
         // An output that shares memory with an input (XLA `input_output_aliases`) would make
         // the kernel read through a shared view of memory it writes: such inputs are copied

@@ -196,6 +196,12 @@ pub trait OutputAllocator<'a> {
     fn always_fresh(&self) -> bool {
         false
     }
+    /// Whether large outputs of this allocator may be advised as transparent huge pages before
+    /// the kernel writes them ([`crate::hugepages`]); `POLYOP_HUGE_PAGES` overrides it. Yes
+    /// by default.
+    fn huge_pages(&self) -> bool {
+        true
+    }
 }
 
 impl<'a, 'b> KernelCtx<'a, 'b> {
