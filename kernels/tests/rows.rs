@@ -239,6 +239,38 @@ fn softmax_half_rows_converted_block_by_block_match_the_whole_row_path() {
 }
 
 #[test]
+fn softmax_long_rows_in_runs_per_thread_match_the_reference_and_one_thread() {
+    // rows of at least GRAIN (32768) elements go to the threads in runs of consecutive rows,
+    // each row prefetched during the one before it: every row, at every thread count, is the
+    // serial pool's bits and near the f64 reference (rows of different ranges, so a row
+    // computed from its neighbour's data would show)
+    let mut rng = XRng::new(23);
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        let (rows, n) = (7, 32 * 1024 + 13);
+        let data: Vec<Vec<f64>> = (0..rows)
+            .map(|r| rng.vec(n, -1.0 - r as f64, 2.0 * r as f64))
+            .collect();
+        let t = tensor(&data.concat(), &[rows, n], dt);
+        let serial = run_ok("softmax", &[&t], &[]);
+        let r = vals(&serial[0]);
+        for (i, v) in data.iter().enumerate() {
+            let want = softmax_ref(&rounded(v, dt));
+            assert_close(&r[i * n..(i + 1) * n], &want, dt, &format!("softmax {dt} row {i}"));
+        }
+        for threads in [2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let par = pool.install(|| {
+                run_views("softmax", &[Some(t.view())], &[], &kernel_core::RayonPool).unwrap()
+            });
+            assert_bitwise(&serial, &par, &format!("softmax {dt}, {threads} threads"));
+        }
+    }
+}
+
+#[test]
 fn softmax_rank0_empty_and_errors() {
     let x = f64t(&[5.0], &[]);
     let r = run_ok("softmax", &[&x], &[]);
