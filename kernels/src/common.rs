@@ -862,24 +862,35 @@ pub fn with_simd<R>(body: impl FnOnce() -> R) -> R {
 #[inline(always)]
 pub fn prefetch<T>(p: *const T, n: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let bytes = (n * std::mem::size_of::<T>()).min(8192);
-        let p = p as *const i8;
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: a prefetch never faults and changes no architectural state, whatever the
-            // address (wrapping_add keeps even the address computation free of UB); SSE is
-            // part of the x86-64 baseline.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    p.wrapping_add(off),
-                )
-            };
-            off += 64;
-        }
-    }
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(p, n);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, n);
+}
+
+/// [`prefetch`] into the core's L2 only (not L1): for data a kernel reads a while later, which
+/// would only push the lines in use out of L1 (conv2d's next weights).
+#[inline(always)]
+pub fn prefetch_l2<T>(p: *const T, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(p, n);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, n);
+}
+
+/// [`prefetch`] with an `_mm_prefetch` hint.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_hint<const HINT: i32, T>(p: *const T, n: usize) {
+    let bytes = (n * std::mem::size_of::<T>()).min(8192);
+    let p = p as *const i8;
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: a prefetch never faults and changes no architectural state, whatever the
+        // address (wrapping_add keeps even the address computation free of UB); SSE is part
+        // of the x86-64 baseline.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off)) };
+        off += 64;
+    }
 }
 
 /// How far ahead of its position a streaming loop prefetches its inputs and its output, in

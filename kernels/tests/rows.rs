@@ -255,7 +255,12 @@ fn softmax_long_rows_in_runs_per_thread_match_the_reference_and_one_thread() {
         let r = vals(&serial[0]);
         for (i, v) in data.iter().enumerate() {
             let want = softmax_ref(&rounded(v, dt));
-            assert_close(&r[i * n..(i + 1) * n], &want, dt, &format!("softmax {dt} row {i}"));
+            assert_close(
+                &r[i * n..(i + 1) * n],
+                &want,
+                dt,
+                &format!("softmax {dt} row {i}"),
+            );
         }
         for threads in [2, 3] {
             let pool = rayon::ThreadPoolBuilder::new()

@@ -12,7 +12,7 @@
 //! the bits do not change.
 
 use super::{simd_level, split_work, Geom, OutPtr, SimdLevel, SLAB_FLOATS};
-use crate::common::{copy_short, has_avx2_fma, has_avx512, with_scratch};
+use crate::common::{copy_short, has_avx2_fma, has_avx512, prefetch_l2, with_scratch};
 use crate::elementwise::split_leading_relu;
 use kernel_core::{parallel_for, Epilogue};
 
@@ -798,7 +798,23 @@ pub(super) fn cv_f32(
                                     wbuf.as_ptr()
                                 }
                             };
+                            // Prepacked, the next pass's weights (the next channels', or
+                            // the next panel's first) follow this pass's: a share of them is
+                            // prefetched with each tile, so that the next pass does not wait on
+                            // memory for its first tile's weights (a model's weights do not
+                            // stay in cache from one run to the next).
+                            let next_w = prepacked.filter(|_| super::weight_prefetch()).map(|pw| {
+                                let at = ((grp * panels + pi) * cg + c0 + ncc) * kk * cw;
+                                let len = pw.len().saturating_sub(at).min(nc * kk * cw);
+                                (
+                                    pw[at.min(pw.len())..].as_ptr(),
+                                    len.div_ceil(npos.div_ceil(CP)),
+                                )
+                            });
                             for t0 in (0..npos).step_by(CP) {
+                                if let Some((w, share)) = next_w {
+                                    prefetch_l2(w.wrapping_add(t0 / CP * share), share);
+                                }
                                 let p: [*const f32; CP] = std::array::from_fn(|j| {
                                     slab[c0 * cs + offs[(t0 + j).min(npos - 1)]..].as_ptr()
                                 });
