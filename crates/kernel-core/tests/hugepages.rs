@@ -35,6 +35,26 @@ impl<'t> OutputAllocator<'t> for Allocator<'t> {
     }
 }
 
+/// `call::run` of `op` (one input, one output of the input's shape) on zeros, writing `out`
+/// through an allocator that accepts the huge-page advice or not and says its memory is fresh
+/// or not.
+fn run_into(op: &OpDef, out: &mut [f32], accepts: bool, fresh: bool, pool: &dyn ThreadPool) {
+    let n = out.len();
+    let x = vec![0.0f32; n];
+    let xv = TensorRef::from_slice(&x, &[n]).unwrap();
+    // SAFETY: `out` outlives the call and is `n` f32s, the shape given.
+    let inner =
+        unsafe { Preallocated::new(op, vec![(DType::F32, vec![n], out.as_mut_ptr() as *mut u8)]) }
+            .unwrap();
+    let mut alloc = Allocator {
+        inner,
+        accepts,
+        fresh,
+    };
+    let site = CallSite::once(Attrs::default());
+    call::run(op, &[Some(xv)], &site, &mut alloc, pool, Phase::Compute).unwrap();
+}
+
 /// Whether `call::run`, writing a fresh 16 MiB output through an allocator that `accepts`
 /// the advice (or not), left that output's mapping eligible for huge pages; the output's
 /// values checked. `None` when the system says nothing of it.
@@ -45,36 +65,14 @@ fn eligible_after_a_call(accepts: bool) -> Option<bool> {
         .cpu(ones_cpu)
         .build()
         .unwrap();
-    let n = 4 << 20; // 16 MiB of f32: fresh memory from glibc's own mmap
-    let x = vec![0.0f32; n];
-    let mut out = vec![0.0f32; n];
+    let n = 4 << 20; // 16 MiB of f32, a fresh mapping
+    let mut map = FreshMap::new(4 * n);
+    let out = map.floats();
     let addr = out.as_ptr() as usize;
     let (page, _) = hugepages::advisable(addr, addr + 4 * n).unwrap();
     let always = hugepages::system_mode().as_deref() == Some("always");
     assert_eq!(thp_eligible(page), Some(always), "eligible before the call");
-    let xv = TensorRef::from_slice(&x, &[n]).unwrap();
-    // SAFETY: `out` outlives the call and is `n` f32s, the shape given.
-    let alloc = unsafe {
-        Preallocated::new(
-            &op,
-            vec![(DType::F32, vec![n], out.as_mut_ptr() as *mut u8)],
-        )
-    }
-    .unwrap();
-    let site = CallSite::once(Attrs::default());
-    call::run(
-        &op,
-        &[Some(xv)],
-        &site,
-        &mut Allocator {
-            inner: alloc,
-            accepts,
-            fresh: false,
-        },
-        &SerialPool,
-        Phase::Compute,
-    )
-    .unwrap();
+    run_into(&op, out, accepts, false, &SerialPool);
     assert!(out.iter().all(|&v| v == 1.0));
     thp_eligible(page)
 }
@@ -169,23 +167,7 @@ fn resident_after_a_call(accepts: bool, fresh: bool) -> usize {
     let mut map = FreshMap::new(4 * n);
     let out = map.floats();
     assert!(resident_bytes(out) < 1 << 20, "resident before the call");
-    let x = vec![0.0f32; n];
-    let xv = TensorRef::from_slice(&x, &[n]).unwrap();
-    // SAFETY: `out` outlives the call and is `n` f32s, the shape given.
-    let alloc = unsafe {
-        Preallocated::new(
-            &op,
-            vec![(DType::F32, vec![n], out.as_mut_ptr() as *mut u8)],
-        )
-    }
-    .unwrap();
-    let site = CallSite::once(Attrs::default());
-    let mut a = Allocator {
-        inner: alloc,
-        accepts,
-        fresh,
-    };
-    call::run(&op, &[Some(xv)], &site, &mut a, &RayonPool, Phase::Compute).unwrap();
+    run_into(&op, out, accepts, fresh, &RayonPool);
     let resident = resident_bytes(out);
     assert!(out.iter().all(|&v| v == 0.0), "populating changed a value");
     resident
