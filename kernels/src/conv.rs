@@ -20,14 +20,6 @@ use crate::common::{
     copy_short, every_other, in_ptr, prefetch_l2, simd_level, with_float, with_simd, LineAligned,
     Num, OutPtr, Real, Scalar, SimdLevel,
 };
-
-/// Whether the f32 paths prefetch the weights of their next tile or pass into L2 (a model's
-/// weights come from memory on every run: ResNet-50 through ONNX Runtime ran 8-16% faster
-/// with it). `POLYOP_CONV_PREFETCH=0` turns it off, to measure it; the bits are the same.
-fn weight_prefetch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("POLYOP_CONV_PREFETCH").map_or(true, |v| v.trim() != "0"))
-}
 use crate::elementwise::{relu_c, req, split_leading_relu};
 use gemm::{gemm, Parallelism};
 use half::{bf16, f16};
@@ -806,6 +798,14 @@ where
     });
     T::store(&res, out);
     Ok(())
+}
+
+/// Whether the f32 paths prefetch the weights of their next tile or pass into L2 (a model's
+/// weights come from memory on every run: ResNet-50 through ONNX Runtime ran 8-16% faster
+/// with it). `POLYOP_CONV_PREFETCH=0` turns it off, to measure it; the bits are the same.
+fn weight_prefetch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("POLYOP_CONV_PREFETCH").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Output channels per micro-kernel tile of the f32 path.

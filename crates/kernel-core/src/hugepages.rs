@@ -127,8 +127,8 @@ pub fn advise(lo: usize, hi: usize) {
 }
 
 /// Fault in the whole 4 KiB pages inside `lo..hi` (the bytes of a fresh output about to be
-/// written), when the range is at least [`MIN_ADVISED_BYTES`]: the range in `threads` equal
-/// shares, each populated by one of `pool`'s tasks in one `madvise(MADV_POPULATE_WRITE)`.
+/// written), when the range is at least [`MIN_ADVISED_BYTES`]: the range in equal shares, one
+/// per thread of `pool`, each populated by one task in one `madvise(MADV_POPULATE_WRITE)`.
 /// Populating writes zeros to pages not yet present and nothing to pages present, so no value
 /// the caller can see changes (the output is about to be overwritten). Where the system lacks
 /// `MADV_POPULATE_WRITE` (Linux before 5.14) the call fails and the kernel's writes fault the
