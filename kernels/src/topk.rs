@@ -211,7 +211,7 @@ where
                 let mut items: Vec<(T::C, usize)> = Vec::new();
                 let (mut bv, mut bi) = (Vec::with_capacity(k + 1), Vec::with_capacity(k + 1));
                 let mut vout = vec![T::C::ZERO; k];
-                let (mut keys, mut kv) = (Vec::new(), Vec::with_capacity(k + 1));
+                let mut kv = Vec::with_capacity(k + 1);
                 for lane in range {
                     // SAFETY: as for `c_slice` below.
                     let bits = (direct && k <= SMALL_K)
@@ -220,13 +220,16 @@ where
                         })
                         .and_then(T::as_half_bits);
                     if let Some(bits) = bits {
-                        // a half-type row: scanned as order keys, 16 to a vector, with no
-                        // conversion; the values written are the input elements at the
+                        // a half-type row: scanned as order keys, 16 to a vector, made from
+                        // the bits as the scan reads them (no conversion, no pass writing
+                        // the keys first); the values written are the input elements at the
                         // indices found, through f32 as the other path gives them (a
                         // signalling NaN comes out quiet)
-                        keys.clear();
-                        keys.extend(bits.iter().map(|&h| half_key(h, T::HALF_INF)));
-                        top_k_scan(&keys, k, largest, &mut kv, &mut bi);
+                        let row = HalfRow {
+                            bits,
+                            inf: T::HALF_INF,
+                        };
+                        top_k_scan(&row, k, largest, &mut kv, &mut bi);
                         let base = lout.base(lane);
                         for (j, &i) in bi.iter().enumerate() {
                             // SAFETY: as for the scan's writes below; `i < n` is an element of
@@ -303,8 +306,8 @@ const SMALL_K: usize = 64;
 /// Elements per candidate test of [`top_k_scan`].
 const BLK: usize = 16;
 
-/// The element types [`top_k_scan`] scans: the compute types and the half types' order keys
-/// ([`half_key`]).
+/// The element types [`top_k_scan`] scans in place: the compute types (the half types' rows
+/// are read through [`HalfRow`]).
 trait ScanKey: Num {
     /// Bit `j` set where `blk[j]` may come before `w` (a superset of [`before`]'s answer).
     /// A fixed-size test without short-circuits, so it vectorises.
@@ -336,20 +339,79 @@ impl ScanKey for f32 {}
 impl ScanKey for f64 {}
 impl ScanKey for i32 {}
 impl ScanKey for i64 {}
-impl ScanKey for i16 {
-    /// Keys have no NaN (it is the largest key): one compare. On x86-64 in SSE2 (part of
-    /// the baseline): two 8-lane compares packed into one byte mask; the generic loop's
-    /// 16 shifted bits cost a reduction tree of shuffles, more than the rest of a block.
+/// A row the scan reads ([`top_k_scan`]): its keys one at a time, and whole blocks of
+/// [`BLK`] tested at once.
+trait ScanRow {
+    /// The keys' type, in the output order ([`before`]).
+    type K: Num;
+    fn len(&self) -> usize;
+    /// Key `i`.
+    fn key(&self, i: usize) -> Self::K;
+    /// Bit `j` set where key `i + j` may come before `w` (a superset of [`before`]'s
+    /// answer), for a whole block (`i + BLK <= len`).
+    fn candidates(&self, i: usize, w: Self::K, largest: bool) -> u32;
+}
+
+impl<C: ScanKey> ScanRow for [C] {
+    type K = C;
     #[inline(always)]
-    fn candidates(blk: &[i16; BLK], w: i16, largest: bool) -> u32 {
+    fn len(&self) -> usize {
+        <[C]>::len(self)
+    }
+    #[inline(always)]
+    fn key(&self, i: usize) -> C {
+        self[i]
+    }
+    #[inline(always)]
+    fn candidates(&self, i: usize, w: C, largest: bool) -> u32 {
+        let blk: &[C; BLK] = self[i..i + BLK].try_into().expect("a whole block");
+        C::candidates(blk, w, largest)
+    }
+}
+
+/// A float16 or bfloat16 row read as its order keys ([`half_key`]; +infinity's bits `inf`),
+/// each made from the bits as the scan reads it. (Writing the row's keys first, then scanning
+/// them, took a pass that left the half types' rows slower than float32's.)
+struct HalfRow<'a> {
+    bits: &'a [u16],
+    inf: u16,
+}
+
+impl ScanRow for HalfRow<'_> {
+    type K = i16;
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.bits.len()
+    }
+    #[inline(always)]
+    fn key(&self, i: usize) -> i16 {
+        half_key(self.bits[i], self.inf)
+    }
+    /// Keys have no NaN (it is the largest key): one compare. On x86-64 in SSE2 (part of the
+    /// baseline), 8 lanes a vector: [`half_key`]'s steps (magnitude, its sign applied as
+    /// `(m ^ s) - s`, NaN to `i16::MAX`) and the compare, then two 8-lane masks packed into
+    /// one byte mask (the generic loop's 16 shifted bits cost a reduction tree of shuffles,
+    /// more than the rest of a block).
+    #[inline(always)]
+    fn candidates(&self, i: usize, w: i16, largest: bool) -> u32 {
+        let blk = &self.bits[i..i + BLK];
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::*;
             // SAFETY: SSE2 is part of x86-64's baseline; the two unaligned loads read the 16
-            // elements of `blk`.
+            // elements of `blk` (a slice of BLK, checked by the indexing above).
             unsafe {
                 let p = blk.as_ptr() as *const __m128i;
-                let (a, b) = (_mm_loadu_si128(p), _mm_loadu_si128(p.add(1)));
+                let (inf, max) = (_mm_set1_epi16(self.inf as i16), _mm_set1_epi16(i16::MAX));
+                let mag_mask = _mm_set1_epi16(0x7FFF);
+                let key = |h: __m128i| {
+                    let m = _mm_and_si128(h, mag_mask);
+                    let s = _mm_srai_epi16::<15>(h);
+                    let signed = _mm_sub_epi16(_mm_xor_si128(m, s), s);
+                    let nan = _mm_cmpgt_epi16(m, inf);
+                    _mm_or_si128(_mm_andnot_si128(nan, signed), _mm_and_si128(nan, max))
+                };
+                let (a, b) = (key(_mm_loadu_si128(p)), key(_mm_loadu_si128(p.add(1))));
                 let vw = _mm_set1_epi16(w);
                 let (ca, cb) = if largest {
                     (_mm_cmpgt_epi16(a, vw), _mm_cmpgt_epi16(b, vw))
@@ -362,7 +424,8 @@ impl ScanKey for i16 {
         #[cfg(not(target_arch = "x86_64"))]
         {
             let mut m = 0u32;
-            for (j, &v) in blk.iter().enumerate() {
+            for (j, &h) in blk.iter().enumerate() {
+                let v = half_key(h, self.inf);
                 m |= (if largest { v > w } else { v < w } as u32) << j;
             }
             m
@@ -387,11 +450,11 @@ fn before<C: Num>(v: C, w: C, largest: bool) -> bool {
 /// elements at a time with a vectorised test (after the first few hundred elements almost
 /// no block has a candidate). Same result as selection under the total order.
 #[inline(always)]
-fn top_k_scan<C: ScanKey>(
-    x: &[C],
+fn top_k_scan<R: ScanRow + ?Sized>(
+    x: &R,
     k: usize,
     largest: bool,
-    vals: &mut Vec<C>,
+    vals: &mut Vec<R::K>,
     idx: &mut Vec<usize>,
 ) {
     vals.clear();
@@ -400,7 +463,7 @@ fn top_k_scan<C: ScanKey>(
     // buffer's last drops out), in place, without `Vec::insert`'s memmove calls (a tenth of
     // the time on rows of 1024, k = 8); `before` is monotone along the sorted buffer, so this
     // is the position of the first entry `v` comes before
-    let insert = |vals: &mut Vec<C>, idx: &mut Vec<usize>, v: C, i: usize| {
+    let insert = |vals: &mut Vec<R::K>, idx: &mut Vec<usize>, v: R::K, i: usize| {
         if vals.len() < k {
             vals.push(v);
             idx.push(i);
@@ -414,8 +477,8 @@ fn top_k_scan<C: ScanKey>(
         vals[p] = v;
         idx[p] = i;
     };
-    for (i, &v) in x[..k].iter().enumerate() {
-        insert(vals, idx, v, i);
+    for i in 0..k {
+        insert(vals, idx, x.key(i), i);
     }
     let mut i = k;
     while i < x.len() {
@@ -423,15 +486,16 @@ fn top_k_scan<C: ScanKey>(
         let w = vals[k - 1];
         // bit j: x[i + j] is a candidate against the current last (a superset of the
         // elements that will enter, since the last only gets better)
-        let mask: u32 = match <&[C; BLK]>::try_from(&x[i..end]) {
-            Ok(blk) => C::candidates(blk, w, largest),
-            Err(_) => (1u32 << (end - i)) - 1,
+        let mask: u32 = if end - i == BLK {
+            x.candidates(i, w, largest)
+        } else {
+            (1u32 << (end - i)) - 1
         };
         let mut m = mask;
         while m != 0 {
             let j = m.trailing_zeros() as usize;
             m &= m - 1;
-            let v = x[i + j];
+            let v = x.key(i + j);
             if before(v, vals[k - 1], largest) {
                 insert(vals, idx, v, i + j);
             }
@@ -558,7 +622,7 @@ mod tests {
                 for k in 1..=n.min(SMALL_K) {
                     for largest in [true, false] {
                         let (mut v, mut i) = (Vec::new(), Vec::new());
-                        top_k_scan(&x, k, largest, &mut v, &mut i);
+                        top_k_scan(&x[..], k, largest, &mut v, &mut i);
                         let mut items: Vec<(f32, usize)> = x.iter().copied().zip(0..n).collect();
                         if largest {
                             top_k_sorted(&mut items, k, |a, b| {
@@ -578,5 +642,79 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Half-type rows scanned through their bits ([`HalfRow`]: the keys made as each block
+    /// is read) give the indices of selection + sort over the values converted to f32, for
+    /// float16 and bfloat16 rows of NaNs (both signs, quiet and signalling), signed zeros,
+    /// infinities, subnormals and ties, every k and both directions.
+    #[test]
+    fn half_rows_scanned_through_their_bits_match_selection_on_their_values() {
+        use kernel_core::half::{bf16, f16};
+        fn check(from_bits: impl Fn(u16) -> f32, inf: u16, specials: &[u16]) {
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            for n in [1usize, 15, 16, 17, 33, 100] {
+                for trial in 0..16 {
+                    let bits: Vec<u16> = (0..n)
+                        .map(|_| {
+                            let r = next();
+                            match trial % 4 {
+                                0 => specials[(r % specials.len() as u64) as usize],
+                                // few distinct values: many ties, neighbouring keys
+                                1 => (r % 5) as u16 | ((r >> 8) as u16 & 0x8000),
+                                // all negative: the buffer's last and the candidates are
+                                // negative keys a step apart
+                                2 => (r % 5) as u16 | 0x8000,
+                                _ => r as u16,
+                            }
+                        })
+                        .collect();
+                    let row = HalfRow { bits: &bits, inf };
+                    let vals: Vec<f32> = bits.iter().map(|&h| from_bits(h)).collect();
+                    for k in 1..=n.min(SMALL_K) {
+                        for largest in [true, false] {
+                            let (mut kv, mut got) = (Vec::new(), Vec::new());
+                            top_k_scan(&row, k, largest, &mut kv, &mut got);
+                            let mut items: Vec<(f32, usize)> =
+                                vals.iter().copied().zip(0..n).collect();
+                            top_k_sorted(&mut items, k, |a, b| {
+                                let by_value = if largest {
+                                    cmp_nan_max(b.0, a.0)
+                                } else {
+                                    cmp_nan_max(a.0, b.0)
+                                };
+                                by_value.then(a.1.cmp(&b.1))
+                            });
+                            let want: Vec<usize> = items[..k].iter().map(|p| p.1).collect();
+                            assert_eq!(got, want, "bits={bits:x?} k={k} largest={largest}");
+                        }
+                    }
+                }
+            }
+        }
+        // +-0, +-1, +-inf, quiet and signalling NaNs of both signs, the least subnormal, the
+        // largest finite value
+        check(
+            |h| f16::from_bits(h).to_f32(),
+            f16::INFINITY.to_bits(),
+            &[
+                0x0000, 0x8000, 0x3c00, 0xbc00, 0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x0001,
+                0x8001, 0x7bff,
+            ],
+        );
+        check(
+            |h| bf16::from_bits(h).to_f32(),
+            bf16::INFINITY.to_bits(),
+            &[
+                0x0000, 0x8000, 0x3f80, 0xbf80, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f81, 0x0001,
+                0x8001, 0x7f7f,
+            ],
+        );
     }
 }
