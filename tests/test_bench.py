@@ -162,3 +162,24 @@ def test_conv_layers_script_runs_every_framework_and_thread_count():
         ratio, diff = float(r[5]), float(r[6])
         assert math.isfinite(ratio) and ratio > 0, r
         assert diff <= 1e-5, r
+
+
+def test_ep_nodes_script_lists_each_sessions_nodes_and_where_they_ran():
+    # bench/ep_nodes.py on the standard-op transformer block: a row per node that ran, the CPU
+    # provider's session on the left (nothing marked polyop), the provider's session on the
+    # right with exactly the op types polyop claims (RMSNormalization, Softmax, Gelu, Add)
+    # marked as run by polyop, every time positive
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ep_nodes.py"), "transformer", "--runs", "2"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT / "bench",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in proc.stdout.splitlines()
+            if r.startswith("| ") and not r.startswith("| CPU provider")]
+    assert len(rows) >= 20, proc.stdout
+    left, right = [r[0] for r in rows if r[0]], [r[3] for r in rows if r[3]]
+    assert not [op for op in left if "(polyop)" in op], proc.stdout
+    marked = {op.removesuffix(" (polyop)") for op in right if op.endswith(" (polyop)")}
+    assert marked == {"RMSNormalization", "Softmax", "Gelu", "Add"}, proc.stdout
+    assert "MatMul" in right and "Gemm" in right, proc.stdout
+    assert all(float(r[2]) > 0 for r in rows if r[2]) and all(float(r[5]) > 0 for r in rows if r[5]), proc.stdout
