@@ -47,6 +47,10 @@ THREADS = 2
 #: timed next shared the cores with them (a chain of six 1x1 convolutions ran 1.8x slower
 #: on either provider, and the ratio moved by a fifth).
 PAUSE = 0.1
+#: Profiled runs per session for the time per op type (the median of each op type's per-run
+#: sum). With 5, the transformer block's MatMul, which polyop does not claim, read 0.26 ms
+#: without the provider and 0.47 with it (equal node by node over 15 runs, bench/ep_nodes.py).
+PROFILE_RUNS = 15
 
 
 def randomized(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -209,8 +213,8 @@ def measure(name: str, model: onnx.ModelProto, feeds: dict, samples: int, min_ti
             for _ in range(reps):
                 sess.run(None, feeds)
             acc.append((time.perf_counter() - t0) / reps)
-    where, split_ep = _profile(raw, feeds, True, 5)
-    _, split_cpu = _profile(raw, feeds, False, 5)
+    where, split_ep = _profile(raw, feeds, True, PROFILE_RUNS)
+    _, split_cpu = _profile(raw, feeds, False, PROFILE_RUNS)
     by_name = {nd.name or nd.output[0]: nd.op_type for nd in model.graph.node}
     ran = {k: v for k, v in where.items() if k in by_name}
     claimable = [k for k in ran if by_name[k] in claimable_types]
