@@ -161,16 +161,22 @@ def provider_session_under(model: bytes, var: str, value: str) -> ort.InferenceS
             os.environ[var] = old
 
 
-def _profile(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[dict, dict]:
-    """({node name: provider}, {op type: median microseconds per run, summed over its nodes})
-    from ONNX Runtime's own profile of `runs` runs after a warm-up run."""
+def profiled_runs(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[list, dict]:
+    """(ONNX Runtime's profile events of `runs` runs of a session made as `_session` makes it,
+    {model node name: provider} for the provider's session, else {})."""
     with tempfile.TemporaryDirectory() as d:
         s = _session(model, provider, os.path.join(d, "p"))
-        for _ in range(runs + 1):
+        for _ in range(runs):
             s.run(None, feeds)
         with open(s.end_profiling()) as f:
             events = json.load(f)
-        assigned = pox.node_providers(s) if provider else {}
+        return events, pox.node_providers(s) if provider else {}
+
+
+def _profile(model: bytes, feeds: dict, provider: bool, runs: int) -> tuple[dict, dict]:
+    """({node name: provider}, {op type: median microseconds per run, summed over its nodes})
+    from ONNX Runtime's own profile of `runs` runs after a warm-up run."""
+    events, assigned = profiled_runs(model, feeds, provider, runs + 1)
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[1:]
     where, per_run = {}, [defaultdict(float) for _ in spans]
     for e in events:

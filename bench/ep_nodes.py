@@ -17,27 +17,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
 import statistics
-import tempfile
 from collections import defaultdict
 
 import onnxruntime as ort
 
-from ep_models import EP, MODELS, _session, light_model, transformer_block
+from ep_models import EP, MODELS, light_model, profiled_runs, transformer_block
 
 
 def node_times(raw: bytes, feeds: dict, provider: bool, runs: int) -> list[tuple[str, str, str, float]]:
     """(node name, op type, output shapes, median kernel microseconds) per node, in the order
     the nodes ran, from a profile of `runs` runs after three warm-up runs; the op type of a
     node polyop's provider ran ends in " (polyop)"."""
-    with tempfile.TemporaryDirectory() as d:
-        s = _session(raw, provider, os.path.join(d, "p"))
-        for _ in range(runs + 3):
-            s.run(None, feeds)
-        with open(s.end_profiling()) as f:
-            events = json.load(f)
+    events, _ = profiled_runs(raw, feeds, provider, runs + 3)
     per, info, order = defaultdict(list), {}, {}
     for e in events:
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):

@@ -586,17 +586,17 @@ fn topk_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// 24 random bits at a time (`common::test_values`' generator).
+    fn random_bits(seed: u64) -> impl FnMut() -> u64 {
+        let mut v = crate::common::test_values(seed, 0.0, (1u32 << 24) as f32);
+        move || v() as u64
+    }
+
     /// The single-pass scan agrees with selection + sort under the total order, on data with
     /// many ties, NaNs, signed zeros and infinities, for every k and both directions.
     #[test]
     fn scan_matches_selection() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = random_bits(0x2545_f491_4f6c_dd1d);
         let pool = [
             f32::NAN,
             -0.0,
@@ -652,13 +652,7 @@ mod tests {
     fn half_rows_scanned_through_their_bits_match_selection_on_their_values() {
         use kernel_core::half::{bf16, f16};
         fn check(from_bits: impl Fn(u16) -> f32, inf: u16, specials: &[u16]) {
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = move || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
+            let mut next = random_bits(0x9e37_79b9_7f4a_7c15);
             for n in [1usize, 15, 16, 17, 33, 100] {
                 for trial in 0..16 {
                     let bits: Vec<u16> = (0..n)
