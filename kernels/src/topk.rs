@@ -165,10 +165,7 @@ fn top_k_sorted<E>(items: &mut [E], k: usize, cmp: impl Fn(&E, &E) -> Ordering +
     items[..k].sort_unstable_by(cmp);
 }
 
-fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()>
-where
-    T::C: ScanKey,
-{
+fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
     let (inputs, pool) = (ctx.inputs, ctx.pool);
     let x = req(inputs, 0)?;
     let k = ctx.attrs.int("k")? as usize;
@@ -306,13 +303,35 @@ const SMALL_K: usize = 64;
 /// Elements per candidate test of [`top_k_scan`].
 const BLK: usize = 16;
 
-/// The element types [`top_k_scan`] scans in place: the compute types (the half types' rows
-/// are read through [`HalfRow`]).
-trait ScanKey: Num {
-    /// Bit `j` set where `blk[j]` may come before `w` (a superset of [`before`]'s answer).
+/// A row the scan reads ([`top_k_scan`]): its keys one at a time, and whole blocks of
+/// [`BLK`] tested at once.
+trait ScanRow {
+    /// The keys' type, in the output order ([`before`]).
+    type K: Num;
+    fn len(&self) -> usize;
+    /// Key `i`.
+    fn key(&self, i: usize) -> Self::K;
+    /// Bit `j` set where key `i + j` may come before `w` (a superset of [`before`]'s
+    /// answer), for a whole block (`i + BLK <= len`).
+    fn candidates(&self, i: usize, w: Self::K, largest: bool) -> u32;
+}
+
+/// A row of the compute type, scanned in place (the half types' rows are read through
+/// [`HalfRow`]).
+impl<C: Num> ScanRow for [C] {
+    type K = C;
+    #[inline(always)]
+    fn len(&self) -> usize {
+        <[C]>::len(self)
+    }
+    #[inline(always)]
+    fn key(&self, i: usize) -> C {
+        self[i]
+    }
     /// A fixed-size test without short-circuits, so it vectorises.
     #[inline(always)]
-    fn candidates(blk: &[Self; BLK], w: Self, largest: bool) -> u32 {
+    fn candidates(&self, i: usize, w: C, largest: bool) -> u32 {
+        let blk: &[C; BLK] = self[i..i + BLK].try_into().expect("a whole block");
         let mut m = 0u32;
         match (largest, w.is_nan()) {
             (true, true) => {}
@@ -333,39 +352,6 @@ trait ScanKey: Num {
             }
         }
         m
-    }
-}
-impl ScanKey for f32 {}
-impl ScanKey for f64 {}
-impl ScanKey for i32 {}
-impl ScanKey for i64 {}
-/// A row the scan reads ([`top_k_scan`]): its keys one at a time, and whole blocks of
-/// [`BLK`] tested at once.
-trait ScanRow {
-    /// The keys' type, in the output order ([`before`]).
-    type K: Num;
-    fn len(&self) -> usize;
-    /// Key `i`.
-    fn key(&self, i: usize) -> Self::K;
-    /// Bit `j` set where key `i + j` may come before `w` (a superset of [`before`]'s
-    /// answer), for a whole block (`i + BLK <= len`).
-    fn candidates(&self, i: usize, w: Self::K, largest: bool) -> u32;
-}
-
-impl<C: ScanKey> ScanRow for [C] {
-    type K = C;
-    #[inline(always)]
-    fn len(&self) -> usize {
-        <[C]>::len(self)
-    }
-    #[inline(always)]
-    fn key(&self, i: usize) -> C {
-        self[i]
-    }
-    #[inline(always)]
-    fn candidates(&self, i: usize, w: C, largest: bool) -> u32 {
-        let blk: &[C; BLK] = self[i..i + BLK].try_into().expect("a whole block");
-        C::candidates(blk, w, largest)
     }
 }
 
@@ -586,6 +572,21 @@ fn topk_backward_cpu(ctx: &mut KernelCtx) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The indices of the top k of `x` by selection + sort under the total order (the
+    /// reference the scan is checked against).
+    fn selection(x: &[f32], k: usize, largest: bool) -> Vec<usize> {
+        let mut items: Vec<(f32, usize)> = x.iter().copied().zip(0..x.len()).collect();
+        top_k_sorted(&mut items, k, |a, b| {
+            let by_value = if largest {
+                cmp_nan_max(b.0, a.0)
+            } else {
+                cmp_nan_max(a.0, b.0)
+            };
+            by_value.then(a.1.cmp(&b.1))
+        });
+        items[..k].iter().map(|p| p.1).collect()
+    }
+
     /// 24 random bits at a time (`common::test_values`' generator).
     fn random_bits(seed: u64) -> impl FnMut() -> u64 {
         let mut v = crate::common::test_values(seed, 0.0, (1u32 << 24) as f32);
@@ -623,20 +624,10 @@ mod tests {
                     for largest in [true, false] {
                         let (mut v, mut i) = (Vec::new(), Vec::new());
                         top_k_scan(&x[..], k, largest, &mut v, &mut i);
-                        let mut items: Vec<(f32, usize)> = x.iter().copied().zip(0..n).collect();
-                        if largest {
-                            top_k_sorted(&mut items, k, |a, b| {
-                                cmp_nan_max(b.0, a.0).then(a.1.cmp(&b.1))
-                            });
-                        } else {
-                            top_k_sorted(&mut items, k, |a, b| {
-                                cmp_nan_max(a.0, b.0).then(a.1.cmp(&b.1))
-                            });
-                        }
-                        let want_i: Vec<usize> = items[..k].iter().map(|p| p.1).collect();
-                        assert_eq!(i, want_i, "x={x:?} k={k} largest={largest}");
-                        for (a, b) in v.iter().zip(&items[..k]) {
-                            assert_eq!(a.to_bits(), b.0.to_bits());
+                        let want = selection(&x, k, largest);
+                        assert_eq!(i, want, "x={x:?} k={k} largest={largest}");
+                        for (a, &j) in v.iter().zip(&want) {
+                            assert_eq!(a.to_bits(), x[j].to_bits());
                         }
                     }
                 }
@@ -675,17 +666,7 @@ mod tests {
                         for largest in [true, false] {
                             let (mut kv, mut got) = (Vec::new(), Vec::new());
                             top_k_scan(&row, k, largest, &mut kv, &mut got);
-                            let mut items: Vec<(f32, usize)> =
-                                vals.iter().copied().zip(0..n).collect();
-                            top_k_sorted(&mut items, k, |a, b| {
-                                let by_value = if largest {
-                                    cmp_nan_max(b.0, a.0)
-                                } else {
-                                    cmp_nan_max(a.0, b.0)
-                                };
-                                by_value.then(a.1.cmp(&b.1))
-                            });
-                            let want: Vec<usize> = items[..k].iter().map(|p| p.1).collect();
+                            let want = selection(&vals, k, largest);
                             assert_eq!(got, want, "bits={bits:x?} k={k} largest={largest}");
                         }
                     }
