@@ -106,8 +106,10 @@ pub trait Real: Num + num_traits::Float + Scalar<C = Self> {
     /// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (gelu's tanh form).
     fn gelu_tanh(self) -> Self;
     /// `e^(self - m)` for finite `self <= m` (softmax's fast path; see
-    /// [`crate::vmath::exp_diff_f32`] for f32, `exp_minus` in softmax.rs for f64).
-    fn exp_diff(self, m: Self) -> Self;
+    /// [`crate::vmath::exp_diff_f32`] for f32, `exp_minus` in softmax.rs for f64). `narrow`:
+    /// the row's storage type is a 16-bit float ([`Scalar::NARROW_EXP`]), and f32 takes
+    /// [`crate::vmath::exp_diff_narrow`] (f64 rows never are).
+    fn exp_diff(self, m: Self, narrow: bool) -> Self;
     /// `dst[i] = src[i].gelu_erf()` (same bits), for the first `min(len)` elements; f32 skips
     /// the tail formula for chunks that have no tail element ([`crate::vmath::gelu_erf_slice`]).
     #[inline(always)]
@@ -116,13 +118,14 @@ pub trait Real: Num + num_traits::Float + Scalar<C = Self> {
             *o = x.gelu_erf();
         }
     }
-    /// `d[j] = s[j].exp_diff(m)` (same bits) for a chunk of [`ACC`] elements; f32 skips the
-    /// underflow handling for chunks that need none ([`crate::vmath::exp_diff_chunk`]).
-    /// Returns whether it took such a fast path, which a chunk holding a NaN never does.
+    /// `d[j] = s[j].exp_diff(m, narrow)` (same bits) for a chunk of [`ACC`] elements; f32
+    /// skips the underflow handling for chunks that need none
+    /// ([`crate::vmath::exp_diff_chunk`]). Returns whether it took such a fast path, which a
+    /// chunk holding a NaN never does.
     #[inline(always)]
-    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC], narrow: bool) -> bool {
         for j in 0..ACC {
-            d[j] = s[j].exp_diff(m);
+            d[j] = s[j].exp_diff(m, narrow);
         }
         false
     }
@@ -159,16 +162,20 @@ impl Real for f32 {
         crate::vmath::gelu_tanh_f32(self)
     }
     #[inline(always)]
-    fn exp_diff(self, m: Self) -> Self {
-        crate::vmath::exp_diff_f32(self, m)
+    fn exp_diff(self, m: Self, narrow: bool) -> Self {
+        if narrow {
+            crate::vmath::exp_diff_narrow(self, m)
+        } else {
+            crate::vmath::exp_diff_f32(self, m)
+        }
     }
     #[inline(always)]
     fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
         crate::vmath::gelu_erf_slice(src, dst)
     }
     #[inline(always)]
-    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC]) -> bool {
-        crate::vmath::exp_diff_chunk(s, m, d)
+    fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC], narrow: bool) -> bool {
+        crate::vmath::exp_diff_chunk(s, m, d, narrow)
     }
     #[inline(always)]
     fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
@@ -200,7 +207,7 @@ impl Real for f64 {
         0.5 * self * libm::erfc(-self * std::f64::consts::FRAC_1_SQRT_2)
     }
     #[inline(always)]
-    fn exp_diff(self, m: Self) -> Self {
+    fn exp_diff(self, m: Self, _narrow: bool) -> Self {
         crate::softmax::exp_minus(self, m)
     }
     #[inline(always)]
@@ -237,19 +244,26 @@ pub trait Scalar: Element {
     /// than [`Scalar::load`] blocks first (true where `to_c` is a few integer instructions that
     /// vectorise in the loop, bf16; f16's block load is F16C, a call, better done per block).
     const CONVERT_IN_LOOP: bool = false;
+    /// Whether softmax over rows of this type takes the short exponential
+    /// ([`crate::vmath::exp_diff_narrow`]): true for the 16-bit floats, whose results keep 11
+    /// or 8 bits, where float32's formula computes 24 (their rows went at float32's rate).
+    /// Every path of a row of this type (contiguous or strided, any level) takes it, so the
+    /// result does not depend on the layout.
+    const NARROW_EXP: bool = false;
     /// `Real::exp_diff_chunk`'s fast path over the leading chunks of [`ACC`] elements of `s`
     /// that take it, converted to the compute type as they are read: `d[i] = e^(s[i] - m)`,
     /// each added into `acc[i % ACC]` in order; returns how many chunks it did (the caller's
     /// chunk loop does the rest). 0 here; f32 and the 16-bit floats have explicit-SIMD loops
-    /// ([`crate::vmath::exp_diff_chunks`]).
+    /// ([`crate::vmath::exp_diff_chunks`]). `narrow` as for [`Real::exp_diff`].
     #[inline(always)]
     fn exp_diff_chunks(
         s: &[Self],
         m: Self::C,
         d: &mut [Self::C],
         acc: &mut [Self::C; ACC],
+        narrow: bool,
     ) -> usize {
-        let _ = (s, m, d, acc);
+        let _ = (s, m, d, acc, narrow);
         0
     }
     /// The leading whole chunks of [`ACC`] elements of `s`, converted, maxed into
@@ -264,9 +278,16 @@ pub trait Scalar: Element {
     /// correction, as softmax.rs's `div_markstein`) over the leading whole chunks of [`ACC`]
     /// elements of `s`, each result stored converted into `d`; returns how many chunks it did.
     /// 0 here; the 16-bit floats have explicit-SIMD loops ([`crate::vmath::div_store_chunks`]).
+    /// `narrow` ([`Scalar::NARROW_EXP`] rows): the product `s[i] * rcp` alone.
     #[inline(always)]
-    fn div_store_chunks(s: &[Self::C], sum: Self::C, rcp: Self::C, d: &mut [Self]) -> usize {
-        let _ = (s, sum, rcp, d);
+    fn div_store_chunks(
+        s: &[Self::C],
+        sum: Self::C,
+        rcp: Self::C,
+        d: &mut [Self],
+        narrow: bool,
+    ) -> usize {
+        let _ = (s, sum, rcp, d, narrow);
         0
     }
     /// rms_norm's sum of squares over the leading whole chunks of [`ACC`] elements of `s`,
@@ -357,8 +378,14 @@ macro_rules! scalar_ident {
 scalar_ident!(
     f32,
     #[inline(always)]
-    fn exp_diff_chunks(s: &[f32], m: f32, d: &mut [f32], acc: &mut [f32; ACC]) -> usize {
-        crate::vmath::exp_diff_chunks(s, m, d, acc)
+    fn exp_diff_chunks(
+        s: &[f32],
+        m: f32,
+        d: &mut [f32],
+        acc: &mut [f32; ACC],
+        narrow: bool,
+    ) -> usize {
+        crate::vmath::exp_diff_chunks_as(s, m, d, acc, narrow)
     },
     #[inline(always)]
     fn max_chunks(s: &[f32], acc: &mut [f32; ACC]) -> usize {
@@ -405,17 +432,30 @@ macro_rules! scalar_half {
                 Some(s.reinterpret_cast_mut())
             }
             const HALF_INF: u16 = <$t>::INFINITY.to_bits();
+            const NARROW_EXP: bool = true;
             #[inline(always)]
-            fn exp_diff_chunks(s: &[Self], m: f32, d: &mut [f32], acc: &mut [f32; ACC]) -> usize {
-                crate::vmath::exp_diff_chunks(s, m, d, acc)
+            fn exp_diff_chunks(
+                s: &[Self],
+                m: f32,
+                d: &mut [f32],
+                acc: &mut [f32; ACC],
+                narrow: bool,
+            ) -> usize {
+                crate::vmath::exp_diff_chunks_as(s, m, d, acc, narrow)
             }
             #[inline(always)]
             fn max_chunks(s: &[Self], acc: &mut [f32; ACC]) -> usize {
                 crate::vmath::max_chunks(s, acc)
             }
             #[inline(always)]
-            fn div_store_chunks(s: &[f32], sum: f32, rcp: f32, d: &mut [Self]) -> usize {
-                crate::vmath::div_store_chunks(s, sum, rcp, d)
+            fn div_store_chunks(
+                s: &[f32],
+                sum: f32,
+                rcp: f32,
+                d: &mut [Self],
+                narrow: bool,
+            ) -> usize {
+                crate::vmath::div_store_chunks(s, sum, rcp, d, narrow)
             }
             #[inline(always)]
             fn sum_sq_chunks(s: &[Self], acc: &mut [f32; ACC]) -> usize {

@@ -157,7 +157,7 @@ where
                                     (None, None)
                                 };
                                 if let (Some(src), Some(dst)) = (src, dst) {
-                                    softmax_row(src, dst, next_row(lane, end));
+                                    softmax_row(src, dst, next_row(lane, end), T::NARROW_EXP);
                                 } else if direct {
                                     // a contiguous half-type lane: converted as it is read
                                     softmax_row_converted::<T::C, T>(
@@ -171,7 +171,7 @@ where
                                     );
                                 } else {
                                     load_strided(p, lin.base(lane), lin.stride, buf);
-                                    softmax_row(buf, obuf, NextRow::NONE);
+                                    softmax_row(buf, obuf, NextRow::NONE, T::NARROW_EXP);
                                     store_strided(o, lout.base(lane), lout.stride, obuf);
                                 }
                             }
@@ -241,25 +241,32 @@ fn max_into<S: Copy, C: Real>(acc: &mut [C; ACC], a: &[S], to_c: impl Fn(S) -> C
 /// which gives 0 for -inf elements); a row with a NaN (found on the way) or an infinite
 /// maximum the general [`exp_minus`], which gives those rows' NaNs.
 #[inline(always)]
-fn softmax_row<C: Real>(src: &[C], dst: &mut [C], next: NextRow) {
-    let (sum, fast) = exp_row(src, dst, next);
-    div_by_sum(dst, sum, fast);
+fn softmax_row<C: Real>(src: &[C], dst: &mut [C], next: NextRow, narrow: bool) {
+    let (sum, fast) = exp_row(src, dst, next, narrow);
+    div_by_sum(dst, sum, fast, narrow);
 }
 
 /// The first two passes of [`softmax_row`] over `src` (read as the compute type, converted as
 /// they go): the maximum, then the exponentials into `dst` and their sum. Returns the sum, and
-/// whether the row took the fast path (a finite maximum, no NaN).
+/// whether the row took the fast path (a finite maximum, no NaN). `narrow`: a 16-bit float
+/// row (converted to `C` or not), whose exponentials take the short formula
+/// ([`Scalar::NARROW_EXP`]).
 #[inline(always)]
-fn exp_row<C: Real, S: Scalar<C = C>>(src: &[S], dst: &mut [C], next: NextRow) -> (C, bool) {
+fn exp_row<C: Real, S: Scalar<C = C>>(
+    src: &[S],
+    dst: &mut [C],
+    next: NextRow,
+    narrow: bool,
+) -> (C, bool) {
     let mut acc = [C::neg_infinity(); ACC];
     let done = S::max_chunks(src, &mut acc) * ACC;
     let m = max_into(&mut acc, &src[done..], S::to_c);
     let mut wide = [0.0f64; ACC];
-    let fast = m.is_finite() && exp_sum::<C, S, true>(src, dst, m, &mut wide, next, 0);
+    let fast = m.is_finite() && exp_sum::<C, S, true>(src, dst, m, &mut wide, next, 0, narrow);
     if !fast {
         // a NaN anywhere makes the sum NaN, hence every output NaN
         wide = [0.0; ACC];
-        exp_sum::<C, S, false>(src, dst, m, &mut wide, NextRow::NONE, 0);
+        exp_sum::<C, S, false>(src, dst, m, &mut wide, NextRow::NONE, 0, narrow);
     }
     (C::from_f64(tree_sum(wide)), fast)
 }
@@ -273,8 +280,9 @@ const CONVERT_BLOCK: usize = 1024;
 /// `src` converting as they go (explicit-SIMD loops where the CPU has them, see
 /// [`crate::vmath::VecElem`]), and each block of [`CONVERT_BLOCK`] is divided and converted back
 /// while it is in L1: the same operations in the same order as converting the whole row and
-/// calling [`softmax_row`] (so the same bits), in three passes, where converting first and
-/// last took five (rows of 1024 in f16 ran at 0.65 of f32's elements per second that way).
+/// calling [`softmax_row`] with `narrow` (so the same bits), in three passes, where converting
+/// first and last took five (rows of 1024 in f16 ran at 0.65 of f32's elements per second that
+/// way).
 #[inline(always)]
 fn softmax_row_converted<C: Real, T: Scalar<C = C>>(
     src: &[T],
@@ -282,10 +290,10 @@ fn softmax_row_converted<C: Real, T: Scalar<C = C>>(
     buf: &mut [C],
     next: NextRow,
 ) {
-    let (sum, fast) = exp_row(src, buf, next);
+    let (sum, fast) = exp_row(src, buf, next, T::NARROW_EXP);
     // (the division and the conversion in one loop where the CPU allows; the rest in blocks)
     let done = if fast {
-        T::div_store_chunks(buf, sum, C::ONE / sum, dst) * ACC
+        T::div_store_chunks(buf, sum, C::ONE / sum, dst, T::NARROW_EXP) * ACC
     } else {
         0
     };
@@ -293,7 +301,7 @@ fn softmax_row_converted<C: Real, T: Scalar<C = C>>(
         .chunks_mut(CONVERT_BLOCK)
         .zip(dst[done..].chunks_mut(CONVERT_BLOCK))
     {
-        div_by_sum(b, sum, fast);
+        div_by_sum(b, sum, fast, T::NARROW_EXP);
         T::store(b, d);
     }
 }
@@ -302,9 +310,9 @@ fn softmax_row_converted<C: Real, T: Scalar<C = C>>(
 /// (Plain functions, not closures: everything in the hot loop must inline into `with_simd`'s
 /// AVX2+FMA body, or `mul_add` becomes a libm call.)
 #[inline(always)]
-fn exp_of<C: Real, const FINITE: bool>(x: C, m: C) -> C {
+fn exp_of<C: Real, const FINITE: bool>(x: C, m: C, narrow: bool) -> C {
     if FINITE {
-        x.exp_diff(m)
+        x.exp_diff(m, narrow)
     } else {
         exp_minus(x, m)
     }
@@ -364,6 +372,7 @@ fn exp_sum<C: Real, S: Scalar<C = C>, const FINITE: bool>(
     wide: &mut [f64; ACC],
     next: NextRow,
     at: usize,
+    narrow: bool,
 ) -> bool {
     for (i, (sb, db)) in src
         .chunks(SUM_BLOCK)
@@ -373,7 +382,7 @@ fn exp_sum<C: Real, S: Scalar<C = C>, const FINITE: bool>(
         next.fetch(at + i * SUM_BLOCK, SUM_BLOCK);
         let mut acc = [C::ZERO; ACC];
         let done = if FINITE {
-            S::exp_diff_chunks(sb, m, db, &mut acc)
+            S::exp_diff_chunks(sb, m, db, &mut acc, narrow)
         } else {
             0
         };
@@ -384,7 +393,7 @@ fn exp_sum<C: Real, S: Scalar<C = C>, const FINITE: bool>(
             let s: [C; ACC] = std::array::from_fn(|j| s[j].to_c());
             let d: &mut [C; ACC] = d.try_into().unwrap();
             if FINITE {
-                if !C::exp_diff_chunk(&s, m, d) && has_nan(&s) {
+                if !C::exp_diff_chunk(&s, m, d, narrow) && has_nan(&s) {
                     return false;
                 }
             } else {
@@ -401,7 +410,7 @@ fn exp_sum<C: Real, S: Scalar<C = C>, const FINITE: bool>(
             return false;
         }
         for j in 0..rs.len() {
-            let e = exp_of::<C, FINITE>(rs[j].to_c(), m);
+            let e = exp_of::<C, FINITE>(rs[j].to_c(), m, narrow);
             rd[j] = e;
             acc[j] = acc[j] + e;
         }
@@ -424,9 +433,17 @@ fn div_markstein<C: Real>(v: C, sum: C, rcp: C) -> C {
 /// sum)` plus one FMA correction (Markstein: with the reciprocal correctly rounded, the
 /// corrected quotient is the correctly rounded `v / sum` for normal results; within a
 /// subnormal ulp below), cheaper than a division; otherwise a plain division (NaN rows).
+/// A `narrow` row (a 16-bit float type, [`Scalar::NARROW_EXP`]) on the fast path takes the
+/// product `v * (1 / sum)` alone: within 1.5 ulps of the compute type, which its rounding to
+/// the half type does not see.
 #[inline(always)]
-fn div_by_sum<C: Real>(dst: &mut [C], sum: C, fast: bool) {
-    if fast {
+fn div_by_sum<C: Real>(dst: &mut [C], sum: C, fast: bool, narrow: bool) {
+    if fast && narrow {
+        let rcp = C::ONE / sum;
+        for v in dst.iter_mut() {
+            *v = *v * rcp;
+        }
+    } else if fast {
         let rcp = C::ONE / sum;
         for v in dst.iter_mut() {
             *v = div_markstein(*v, sum, rcp);
@@ -515,14 +532,17 @@ mod tests {
     use crate::common::{at_each_level, test_values, with_simd, Scalar};
     use half::{bf16, f16};
 
-    /// Rows of `T` against converting the whole row to f32, [`softmax_row`] and rounding back:
-    /// the same bits at every SIMD level, with the maximum and the exponentials reading the
-    /// half type directly. Rows hold NaN, -inf and elements far enough below the maximum that
-    /// their chunks leave the exponentials' fast path in mid-row (and the loop picks it up
-    /// again after them).
+    /// Rows of `T` against converting the whole row to f32, [`softmax_row`] with `narrow` and
+    /// rounding back: the same bits at every SIMD level, and the baseline level's bits at the
+    /// others, with the maximum and the exponentials reading the half type directly. Rows hold
+    /// NaN, -inf and elements far enough below the maximum that their chunks leave the
+    /// exponentials' fast path in mid-row (and the loop picks it up again after them).
     fn half_rows_match_converted_rows<T: Scalar<C = f32>>(name: &str) {
-        let mut next = test_values(0x2545_f491_4f6c_dd1du64, -12.0, 12.0);
+        let mut baseline: Vec<Vec<u32>> = Vec::new();
+        let mut row_no = 0;
         at_each_level(|level| {
+            let mut next = test_values(0x2545_f491_4f6c_dd1du64, -12.0, 12.0);
+            row_no = 0;
             for n in [3 * CONVERT_BLOCK + 37, CONVERT_BLOCK, 1000, 40, 5] {
                 for case in 0..12 {
                     let mut src: Vec<T> = (0..n).map(|_| T::from_c(next())).collect();
@@ -540,7 +560,7 @@ mod tests {
                     let mut want = vec![0f32; n];
                     let mut got = vec![T::from_c(0.0); n];
                     with_simd(|| {
-                        softmax_row(&row, &mut want, NextRow::NONE);
+                        softmax_row(&row, &mut want, NextRow::NONE, true);
                         softmax_row_converted::<f32, T>(
                             &src,
                             &mut got,
@@ -556,6 +576,16 @@ mod tests {
                             "{name} {level}: row of {n}, case {case}, element {i}"
                         );
                     }
+                    let bits: Vec<u32> = got.iter().map(|v| v.to_c().to_bits()).collect();
+                    if row_no == baseline.len() {
+                        baseline.push(bits);
+                    } else {
+                        assert!(
+                            baseline[row_no] == bits,
+                            "{name} {level}: row of {n}, case {case} differs from the baseline's"
+                        );
+                    }
+                    row_no += 1;
                     if case % 4 == 0 {
                         let sum: f64 = got.iter().map(|v| v.to_c() as f64).sum();
                         // n roundings to the half type, each within half its ulp
@@ -564,6 +594,58 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// Every element of a half-type row's softmax within 0.52 of the half type's ulp of a
+    /// float64 softmax of the same values (its own rounding is 0.5; the short exponential and
+    /// the product by `1 / sum` add at most float16's 2^-17 / 2^-11 = 1/64), subnormal results
+    /// included (their ulp is the smallest subnormal). Rows of wide and narrow spread. A slip in
+    /// the short formula (a coefficient, the reduction) shows as whole ulps.
+    fn half_rows_within_an_ulp_of_float64<T: Scalar<C = f32>>(name: &str, mant: i32, min_exp: i32) {
+        let ulp = |v: f64| 2f64.powi(v.abs().log2().floor().max(min_exp as f64) as i32 - mant);
+        let mut worst = 0f64;
+        for (spread, n) in [
+            (1.0, 1024),
+            (8.0, 1024),
+            (30.0, 4000),
+            (100.0, 65536),
+            (3.0, 7),
+        ] {
+            let mut next = test_values(0x9e37_79b9_7f4a_7c15u64 ^ n as u64, -spread, 0.0);
+            let src: Vec<T> = (0..n).map(|_| T::from_c(next())).collect();
+            let x: Vec<f64> = src.iter().map(|v| v.to_c() as f64).collect();
+            let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let mut got = vec![T::from_c(0.0); n];
+            with_simd(|| {
+                softmax_row_converted::<f32, T>(&src, &mut got, &mut vec![0.0; n], NextRow::NONE)
+            });
+            for (g, e) in got.iter().zip(&e) {
+                let want = e / sum;
+                let err = (g.to_c() as f64 - want).abs() / ulp(want);
+                worst = worst.max(err);
+                assert!(
+                    err <= 0.52,
+                    "{name}: spread {spread}, row of {n}: {} against {want:e}: {err} ulp",
+                    g.to_c()
+                );
+            }
+        }
+        assert!(
+            worst > 0.3,
+            "{name}: worst {worst} ulp: no element rounded?"
+        );
+    }
+
+    #[test]
+    fn f16_rows_within_an_ulp_of_float64() {
+        half_rows_within_an_ulp_of_float64::<f16>("f16", 10, -14);
+    }
+
+    #[test]
+    fn bf16_rows_within_an_ulp_of_float64() {
+        half_rows_within_an_ulp_of_float64::<bf16>("bf16", 7, -126);
     }
 
     #[test]

@@ -143,6 +143,46 @@ fn exp_diff_fast(x: f32, m: f32) -> f32 {
     p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
 }
 
+/// [`exp_narrow_fast`]'s polynomial: `e^r = 1 + r + r^2 (C0 + C1 r + C2 r^2)` for `|r| <= ln 2 / 2`,
+/// relative error 5.4e-6 (2^-17.5; a weighted least-squares fit made near-minimax by Lawson's
+/// iteration, evaluated in f32).
+const EXP_N: [f32; 3] = [0.500_051_26, 0.167_536, 0.041_277_37];
+
+/// `e^(x - m)` for a row whose elements are 16-bit floats (`x` and `m` converted from one, `x -
+/// m >= -86`), to the precision their results keep, which float32's [`exp_diff_fast`] exceeds
+/// many times over: `x - m` taken as rounded (no two-sum), one-constant `ln 2` reduction, a
+/// degree-4 polynomial, 12 operations where [`exp_diff_fast`] takes 19. Relative error below
+/// 5.5e-6 plus `|x - m| 2^-24` (the rounding of `x - m`), so below 2^-17 wherever a float16
+/// softmax result is not 0 (`x - m > -17.4`; test `narrow_exp_within_2_pow_minus_17`): at
+/// most a 64th of a float16 ulp (2^-10 of its binade; bfloat16's is 2^-7), so a result stays
+/// within 0.52 ulp of the exact value. Long half-type rows are compute-bound in cache, and with
+/// float32's formula they ran at float32's rate (issue 18, item 5).
+#[inline(always)]
+fn exp_narrow_fast(x: f32, m: f32) -> f32 {
+    let d = x - m;
+    let k = d.mul_add(LOG2E, MAGIC);
+    let n = k - MAGIC;
+    let r = n.mul_add(-std::f32::consts::LN_2, d);
+    let r2 = r * r;
+    let q = EXP_N[2].mul_add(r2, EXP_N[1].mul_add(r, EXP_N[0]));
+    let p = q.mul_add(r2, r) + 1.0;
+    // n in [-125, 0]: 2^n is a normal power of two
+    let ni = (k.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    p * f32::from_bits((ni.wrapping_add(127) as u32) << 23)
+}
+
+/// `e^(x - m)` for softmax over a 16-bit float row (`x`, `m` finite or `x` -inf, `x <= m`):
+/// [`exp_narrow_fast`] where `x - m >= -86` (a normal result), else [`exp_diff_f32`] (gradual
+/// underflow rounded once, 0 below e^-104).
+#[inline(always)]
+pub fn exp_diff_narrow(x: f32, m: f32) -> f32 {
+    if x - m >= EXP_FAST_MIN {
+        exp_narrow_fast(x, m)
+    } else {
+        exp_diff_f32(x, m)
+    }
+}
+
 /// The start of an explicit-SIMD loop's dispatcher over element type `$s` ([`VecElem`]):
 /// returns `$avx512` at the AVX-512 level and `$avx2` at the AVX2 level (where the CPU has
 /// F16C too, [`VecElem::at_avx2`]); at the baseline level it falls through to the caller's
@@ -210,6 +250,28 @@ pub trait VecElem: Copy {
     /// As [`VecElem::load16`], `p .. p + 16` writable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512);
+    /// [`VecElem::store8`] of lanes that hold no NaN (the same bits): bfloat16 skips its NaN
+    /// step.
+    ///
+    /// # Safety
+    /// As [`VecElem::store8`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8_no_nan(p: *mut Self, v: std::arch::x86_64::__m256) {
+        // SAFETY: the caller's
+        unsafe { Self::store8(p, v) }
+    }
+    /// [`VecElem::store16`] of lanes that hold no NaN (the same bits), as
+    /// [`VecElem::store8_no_nan`].
+    ///
+    /// # Safety
+    /// As [`VecElem::store16`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store16_no_nan(p: *mut Self, v: std::arch::x86_64::__m512) {
+        // SAFETY: the caller's
+        unsafe { Self::store16(p, v) }
+    }
 }
 
 // (The loads are `#[inline(always)]` without a `target_feature` of their own: inlined into the
@@ -303,50 +365,88 @@ impl VecElem for half::bf16 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn store8(p: *mut Self, v: std::arch::x86_64::__m256) {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's (16 writable bytes; AVX2)
-        unsafe {
-            // `f32_to_bf16` lane by lane: the bits rounded to nearest even (`x + 0x7FFF + (bit
-            // 16 of x)`, which -inf's bits cannot overflow), or a NaN's top bits made quiet
-            let x = _mm256_castps_si256(v);
-            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-            let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(
-                x,
-                _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)),
-            ));
+        // SAFETY: the caller's
+        unsafe { bf16_store8::<true>(p, v) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512) {
+        // SAFETY: the caller's
+        unsafe { bf16_store16::<true>(p, v) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store8_no_nan(p: *mut Self, v: std::arch::x86_64::__m256) {
+        // SAFETY: the caller's
+        unsafe { bf16_store8::<false>(p, v) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn store16_no_nan(p: *mut Self, v: std::arch::x86_64::__m512) {
+        // SAFETY: the caller's
+        unsafe { bf16_store16::<false>(p, v) }
+    }
+}
+
+/// bf16's [`VecElem::store8`]; without `NAN` the lanes hold no NaN, and its step is left out
+/// (a finite or infinite lane rounds the same either way).
+///
+/// # Safety
+/// As [`VecElem::store8`] (16 writable bytes; AVX2).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn bf16_store8<const NAN: bool>(p: *mut half::bf16, v: std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's
+    unsafe {
+        // `f32_to_bf16` lane by lane: the bits rounded to nearest even (`x + 0x7FFF + (bit
+        // 16 of x)`, which -inf's bits cannot overflow), or a NaN's top bits made quiet
+        let x = _mm256_castps_si256(v);
+        let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+        let mut h = _mm256_srli_epi32::<16>(_mm256_add_epi32(
+            x,
+            _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)),
+        ));
+        if NAN {
             let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x0040));
             let is_nan = _mm256_cmpgt_epi32(
                 _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF)),
                 _mm256_set1_epi32(0x7F80_0000),
             );
-            let h = _mm256_blendv_epi8(rounded, nan, is_nan);
-            // lanes hold 0 ..= 0xFFFF, which the unsigned-saturating pack keeps; it packs within
-            // 128-bit halves, so the permute brings elements 0..4 and 4..8 together
-            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(h, h));
-            _mm_storeu_si128(p as *mut __m128i, _mm256_castsi256_si128(packed))
+            h = _mm256_blendv_epi8(h, nan, is_nan);
         }
+        // lanes hold 0 ..= 0xFFFF, which the unsigned-saturating pack keeps; it packs within
+        // 128-bit halves, so the permute brings elements 0..4 and 4..8 together
+        let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(h, h));
+        _mm_storeu_si128(p as *mut __m128i, _mm256_castsi256_si128(packed))
     }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn store16(p: *mut Self, v: std::arch::x86_64::__m512) {
-        use std::arch::x86_64::*;
-        // SAFETY: the caller's (32 writable bytes; AVX-512F)
-        unsafe {
-            // as `store8`, 16 lanes; the comparison gives a mask
-            let x = _mm512_castps_si512(v);
-            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
-            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
-                x,
-                _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)),
-            ));
+}
+
+/// [`bf16_store8`], 16 lanes (the comparison gives a mask).
+///
+/// # Safety
+/// As [`VecElem::store16`] (32 writable bytes; AVX-512F).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn bf16_store16<const NAN: bool>(p: *mut half::bf16, v: std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's
+    unsafe {
+        let x = _mm512_castps_si512(v);
+        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+        let mut h = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+            x,
+            _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)),
+        ));
+        if NAN {
             let nan = _mm512_or_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(0x0040));
             let is_nan = _mm512_cmpgt_epi32_mask(
                 _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF)),
                 _mm512_set1_epi32(0x7F80_0000),
             );
-            let h = _mm512_mask_blend_epi32(is_nan, rounded, nan);
-            _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtepi32_epi16(h))
+            h = _mm512_mask_blend_epi32(is_nan, h, nan);
         }
+        _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtepi32_epi16(h))
     }
 }
 
@@ -356,13 +456,32 @@ impl VecElem for half::bf16 {
 /// [`crate::common::Scalar::from_c`] rounds). Returns how many chunks it did: all of them, or
 /// 0 where it has no explicit-SIMD version (the baseline level). With the conversion in the
 /// same loop a half-type row needs no pass of its own to store its result.
+///
+/// `narrow` (a softmax row of a 16-bit float type, whose quotients are never NaN): `d[i] = s[i]
+/// * rcp`, the product alone (softmax.rs's `div_by_sum` with `narrow`: within 1.5 float32 ulps
+/// of the quotient, far inside the half type's rounding), stored without the NaN step
+/// ([`VecElem::store16_no_nan`]).
 #[inline(always)]
-pub fn div_store_chunks<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
-    by_level!(
-        S,
-        div_store_avx512(s, sum, rcp, d),
-        div_store_avx2(s, sum, rcp, d)
-    );
+pub fn div_store_chunks<S: VecElem>(
+    s: &[f32],
+    sum: f32,
+    rcp: f32,
+    d: &mut [S],
+    narrow: bool,
+) -> usize {
+    if narrow {
+        by_level!(
+            S,
+            div_store_avx512::<S, true>(s, sum, rcp, d),
+            div_store_avx2::<S, true>(s, sum, rcp, d)
+        );
+    } else {
+        by_level!(
+            S,
+            div_store_avx512::<S, false>(s, sum, rcp, d),
+            div_store_avx2::<S, false>(s, sum, rcp, d)
+        );
+    }
     let _ = (s, sum, rcp, d);
     0
 }
@@ -373,7 +492,12 @@ pub fn div_store_chunks<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) 
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn div_store_avx512<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+unsafe fn div_store_avx512<S: VecElem, const NARROW: bool>(
+    s: &[f32],
+    sum: f32,
+    rcp: f32,
+    d: &mut [S],
+) -> usize {
     use std::arch::x86_64::*;
     let chunks = s.len().min(d.len()) / CHUNK;
     let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
@@ -384,8 +508,12 @@ unsafe fn div_store_avx512<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S
         unsafe {
             let v = _mm512_loadu_ps(sp.add(c * CHUNK));
             let q = _mm512_mul_ps(v, vrcp);
-            let rem = _mm512_fnmadd_ps(q, vsum, v);
-            S::store16(dp.add(c * CHUNK), _mm512_fmadd_ps(rem, vrcp, q));
+            if NARROW {
+                S::store16_no_nan(dp.add(c * CHUNK), q);
+            } else {
+                let rem = _mm512_fnmadd_ps(q, vsum, v);
+                S::store16(dp.add(c * CHUNK), _mm512_fmadd_ps(rem, vrcp, q));
+            }
         }
     }
     chunks
@@ -397,7 +525,12 @@ unsafe fn div_store_avx512<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S
 /// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn div_store_avx2<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S]) -> usize {
+unsafe fn div_store_avx2<S: VecElem, const NARROW: bool>(
+    s: &[f32],
+    sum: f32,
+    rcp: f32,
+    d: &mut [S],
+) -> usize {
     use std::arch::x86_64::*;
     let vectors = s.len().min(d.len()) / CHUNK * 2;
     let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
@@ -407,8 +540,12 @@ unsafe fn div_store_avx2<S: VecElem>(s: &[f32], sum: f32, rcp: f32, d: &mut [S])
         unsafe {
             let v = _mm256_loadu_ps(sp.add(c * 8));
             let q = _mm256_mul_ps(v, vrcp);
-            let rem = _mm256_fnmadd_ps(q, vsum, v);
-            S::store8(dp.add(c * 8), _mm256_fmadd_ps(rem, vrcp, q));
+            if NARROW {
+                S::store8_no_nan(dp.add(c * 8), q);
+            } else {
+                let rem = _mm256_fnmadd_ps(q, vsum, v);
+                S::store8(dp.add(c * 8), _mm256_fmadd_ps(rem, vrcp, q));
+            }
         }
     }
     vectors / 2
@@ -537,6 +674,22 @@ unsafe fn scale_store_avx2<S: VecElem>(s: &[S], r: f32, w: &[f32], d: &mut [S]) 
 /// Lower bound of `x - m` for [`exp_diff_fast`].
 const EXP_FAST_MIN: f32 = -86.0;
 
+/// [`exp_diff_chunks`] with `NARROW` chosen by `narrow`.
+#[inline(always)]
+pub fn exp_diff_chunks_as<S: VecElem>(
+    s: &[S],
+    m: f32,
+    d: &mut [f32],
+    acc: &mut [f32; CHUNK],
+    narrow: bool,
+) -> usize {
+    if narrow {
+        exp_diff_chunks::<S, true>(s, m, d, acc)
+    } else {
+        exp_diff_chunks::<S, false>(s, m, d, acc)
+    }
+}
+
 /// For the leading whole chunks of [`CHUNK`] elements of `s` that take [`exp_diff_chunk`]'s
 /// fast path (every `s[i] - m >= EXP_FAST_MIN`): `d[i] = exp_diff_fast(s[i], m)` and
 /// `acc[i % CHUNK] += d[i]`, chunk after chunk (the same bits and the same order as the loop
@@ -546,8 +699,11 @@ const EXP_FAST_MIN: f32 = -86.0;
 /// vectorisation of that loop ran at 0.6 of this speed: it kept the sixteen partial sums in
 /// 2-lane pieces and reloaded constants); elsewhere it does nothing (returns 0) and the
 /// caller's loop does it all.
+///
+/// `NARROW`: the row's elements are 16-bit floats, and the chunks take [`exp_narrow_fast`]
+/// ([`exp_diff_chunk`]'s `narrow`) instead.
 #[inline(always)]
-pub fn exp_diff_chunks<S: VecElem>(
+pub fn exp_diff_chunks<S: VecElem, const NARROW: bool>(
     s: &[S],
     m: f32,
     d: &mut [f32],
@@ -555,8 +711,8 @@ pub fn exp_diff_chunks<S: VecElem>(
 ) -> usize {
     by_level!(
         S,
-        exp_diff_chunks_avx512(s, m, d, acc),
-        exp_diff_chunks_avx2(s, m, d, acc)
+        exp_diff_chunks_avx512::<S, NARROW>(s, m, d, acc),
+        exp_diff_chunks_avx2::<S, NARROW>(s, m, d, acc)
     );
     let _ = (s, m, d, acc);
     0
@@ -680,7 +836,7 @@ unsafe fn max_chunks_avx2<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize 
 /// The CPU must support AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn exp_diff_chunks_avx512<S: VecElem>(
+unsafe fn exp_diff_chunks_avx512<S: VecElem, const NARROW: bool>(
     s: &[S],
     m: f32,
     d: &mut [f32],
@@ -701,6 +857,23 @@ unsafe fn exp_diff_chunks_avx512<S: VecElem>(
         let dd = _mm512_sub_ps(x, vm);
         if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
             break;
+        }
+        if NARROW {
+            // `exp_narrow_fast(x, m)`, as in `exp_diff_chunks_avx2`
+            let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
+            let n = _mm512_sub_ps(k, magic);
+            let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-std::f32::consts::LN_2), dd);
+            let r2 = _mm512_mul_ps(r, r);
+            let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_N[1]), r, _mm512_set1_ps(EXP_N[0]));
+            let q = _mm512_fmadd_ps(_mm512_set1_ps(EXP_N[2]), r2, a);
+            let p = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0));
+            // (exact, as below)
+            let y = _mm512_scalef_ps(p, n);
+            // SAFETY: as the load
+            unsafe { _mm512_storeu_ps(dp.add(at), y) };
+            sum = _mm512_add_ps(sum, y);
+            c += 1;
+            continue;
         }
         // `exp_diff_fast(x, m)`, as in `exp_diff_chunks_avx2`
         let bb = _mm512_sub_ps(dd, x);
@@ -739,7 +912,7 @@ unsafe fn exp_diff_chunks_avx512<S: VecElem>(
 /// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn exp_diff_chunks_avx2<S: VecElem>(
+unsafe fn exp_diff_chunks_avx2<S: VecElem, const NARROW: bool>(
     s: &[S],
     m: f32,
     d: &mut [f32],
@@ -750,6 +923,22 @@ unsafe fn exp_diff_chunks_avx2<S: VecElem>(
     let (sp, dp, ap) = (s.as_ptr(), d.as_mut_ptr(), acc.as_mut_ptr());
     let (vm, vneg_m) = (_mm256_set1_ps(m), _mm256_set1_ps(-m));
     let (vmin, magic) = (_mm256_set1_ps(EXP_FAST_MIN), _mm256_set1_ps(MAGIC));
+    // one lane's `exp_narrow_fast(x, m)` given `dd = x - m`
+    let narrow = |dd: __m256| {
+        let k = _mm256_fmadd_ps(dd, _mm256_set1_ps(LOG2E), magic);
+        let n = _mm256_sub_ps(k, magic);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-std::f32::consts::LN_2), dd);
+        let r2 = _mm256_mul_ps(r, r);
+        let a = _mm256_fmadd_ps(_mm256_set1_ps(EXP_N[1]), r, _mm256_set1_ps(EXP_N[0]));
+        let q = _mm256_fmadd_ps(_mm256_set1_ps(EXP_N[2]), r2, a);
+        let p = _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0));
+        // 2^n from k's bits, as in `lane`
+        let e = _mm256_sub_epi32(
+            _mm256_castps_si256(k),
+            _mm256_set1_epi32(MAGIC.to_bits() as i32 - 127),
+        );
+        _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)))
+    };
     // one lane's `exp_diff_fast(x, m)` given `dd = x - m`
     let lane = |x: __m256, dd: __m256| {
         let bb = _mm256_sub_ps(dd, x);
@@ -788,7 +977,11 @@ unsafe fn exp_diff_chunks_avx2<S: VecElem>(
         if _mm256_movemask_ps(ok) != 0xff {
             break;
         }
-        let (e0, e1) = (lane(x0, d0), lane(x1, d1));
+        let (e0, e1) = if NARROW {
+            (narrow(d0), narrow(d1))
+        } else {
+            (lane(x0, d0), lane(x1, d1))
+        };
         // SAFETY: as the loads
         unsafe {
             _mm256_storeu_ps(dp.add(at), e0);
@@ -809,20 +1002,19 @@ unsafe fn exp_diff_chunks_avx2<S: VecElem>(
 /// `d[j] = exp_diff_f32(s[j], m)`, bitwise; a chunk whose differences are all at least
 /// [`EXP_FAST_MIN`] (no subnormal or zero result, no NaN) takes [`exp_diff_fast`]; returns
 /// whether it did.
+/// With `narrow` (a 16-bit float row), [`exp_diff_narrow`] in place of [`exp_diff_f32`]
+/// ([`exp_narrow_fast`] for the fast chunks).
 #[inline(always)]
-pub fn exp_diff_chunk(s: &[f32; CHUNK], m: f32, d: &mut [f32; CHUNK]) -> bool {
+pub fn exp_diff_chunk(s: &[f32; CHUNK], m: f32, d: &mut [f32; CHUNK], narrow: bool) -> bool {
     let mut ok = true;
     for &x in s {
         ok &= x - m >= EXP_FAST_MIN;
     }
-    if ok {
-        for j in 0..CHUNK {
-            d[j] = exp_diff_fast(s[j], m);
-        }
-    } else {
-        for j in 0..CHUNK {
-            d[j] = exp_diff_f32(s[j], m);
-        }
+    match (ok, narrow) {
+        (true, false) => (0..CHUNK).for_each(|j| d[j] = exp_diff_fast(s[j], m)),
+        (true, true) => (0..CHUNK).for_each(|j| d[j] = exp_narrow_fast(s[j], m)),
+        (false, false) => (0..CHUNK).for_each(|j| d[j] = exp_diff_f32(s[j], m)),
+        (false, true) => (0..CHUNK).for_each(|j| d[j] = exp_diff_narrow(s[j], m)),
     }
     ok
 }
@@ -1257,6 +1449,53 @@ mod tests {
     }
 
     #[test]
+    fn narrow_exp_within_2_pow_minus_17() {
+        // The short exponential of 16-bit float rows against f64 e^(x - m), x and m float16 or
+        // bfloat16 values, wherever the result is normal: relative error below 5.5e-6 (the
+        // polynomial) plus |x - m| 2^-24 (the rounding of x - m), so below 2^-17 where a
+        // float16 softmax result can be nonzero (x - m > -17.4; float16's ulp is 2^-10 of its
+        // binade, bfloat16's 2^-7); exp_diff_f32's bits below that. A wrong coefficient or a
+        // dropped reduction term is off by 2^-12 or more.
+        let (mut worst, mut at) = (0f64, (0f32, 0f32));
+        let mut worst_f16 = 0f64;
+        let halves = (0..=u16::MAX).flat_map(|b| {
+            let h = half::f16::from_bits(b).to_f32();
+            let bf = half::bf16::from_bits(b).to_f32();
+            [h, bf]
+        });
+        let values: Vec<f32> = halves.filter(|v| v.is_finite()).collect();
+        for m in [0.0f32, 1.0, -3.5, 17.25, 80.0, 1e4, -1e4, 65504.0, 3e38] {
+            for &x in values.iter().filter(|&&x| x <= m) {
+                let got = exp_diff_narrow(x, m);
+                let d = x as f64 - m as f64;
+                if d < EXP_FAST_MIN as f64 {
+                    assert_eq!(got.to_bits(), exp_diff_f32(x, m).to_bits(), "e^({x} - {m})");
+                    continue;
+                }
+                let rel = (got as f64 / d.exp() - 1.0).abs();
+                if rel - d.abs() * 2f64.powi(-24) > worst {
+                    (worst, at) = (rel - d.abs() * 2f64.powi(-24), (x, m));
+                }
+                if d > -17.4 {
+                    worst_f16 = worst_f16.max(rel);
+                }
+            }
+        }
+        assert!(
+            worst < 5.5e-6,
+            "relative error {worst:e} + |x - m| 2^-24 at e^({} - {})",
+            at.0,
+            at.1
+        );
+        assert!(
+            worst_f16 < 2f64.powi(-17),
+            "{worst_f16:e} above x - m = -17.4"
+        );
+        assert_eq!(exp_diff_narrow(2.0, 2.0), 1.0);
+        assert_eq!(exp_diff_narrow(f32::NEG_INFINITY, 2.0), 0.0);
+    }
+
+    #[test]
     fn tanh_within_3_ulp() {
         let (u, x) = max_ulps(-20.0, 20.0, 101, tanh_f32, f64::tanh);
         assert!(u <= 3.0, "tanh: {u} ulp at {x}");
@@ -1455,9 +1694,17 @@ mod tests {
             for c in xs.chunks_exact(CHUNK) {
                 let c: &[f32; CHUNK] = c.try_into().unwrap();
                 let mut d = [0.0f32; CHUNK];
-                exp_diff_chunk(c, m, &mut d);
+                exp_diff_chunk(c, m, &mut d, false);
                 for (o, &x) in d.iter().zip(c) {
                     assert_eq!(o.to_bits(), exp_diff_f32(x, m).to_bits(), "e^({x} - {m})");
+                }
+                exp_diff_chunk(c, m, &mut d, true);
+                for (o, &x) in d.iter().zip(c) {
+                    assert_eq!(
+                        o.to_bits(),
+                        exp_diff_narrow(x, m).to_bits(),
+                        "e^({x} - {m})"
+                    );
                 }
             }
         }
@@ -1507,54 +1754,60 @@ mod tests {
         // chunk off the fast path (a difference below EXP_FAST_MIN, or a NaN) and leaves the
         // rest of `d` alone.
         // (m with low bits set, so that many `x - m` round and the two-sum's correction counts)
+        // Both formulas: float32's and the short one of 16-bit float rows (`narrow`).
         crate::common::at_each_level(|level| {
-            for (m, slow_at) in [
-                (0.0f32, None),
-                (3.4567, Some(5)),
-                (80.123, Some(0)),
-                (-9999.63, Some(9)),
-            ] {
-                let mut xs: Vec<f32> = (0..16 * 12 + 7)
-                    .map(|i| m - ((i as u32).wrapping_mul(2_654_435_761) % 85_001) as f32 / 1000.0)
-                    .collect();
-                if let Some(c) = slow_at {
-                    xs[c * CHUNK + 3] = if c == 9 { f32::NAN } else { m - 86.5 };
-                }
-                let mut acc = [0.25f32; CHUNK];
-                let mut d = vec![-1.0f32; xs.len()];
-                let done = exp_diff_chunks(&xs, m, &mut d, &mut acc);
-                let have_simd = crate::common::simd_level() >= crate::common::SimdLevel::Avx2Fma;
-                let whole = xs.len() / CHUNK;
-                let want_done = if have_simd {
-                    slow_at.unwrap_or(whole)
-                } else {
-                    0
-                };
-                assert_eq!(done, want_done, "{level}: m = {m}");
-                let mut want = [0.25f32; CHUNK];
-                for (c, ch) in xs.chunks_exact(CHUNK).enumerate().take(done) {
-                    let mut e = [0.0f32; CHUNK];
-                    assert!(exp_diff_chunk(ch.try_into().unwrap(), m, &mut e));
+            for narrow in [false, true] {
+                for (m, slow_at) in [
+                    (0.0f32, None),
+                    (3.4567, Some(5)),
+                    (80.123, Some(0)),
+                    (-9999.63, Some(9)),
+                ] {
+                    let mut xs: Vec<f32> = (0..16 * 12 + 7)
+                        .map(|i| {
+                            m - ((i as u32).wrapping_mul(2_654_435_761) % 85_001) as f32 / 1000.0
+                        })
+                        .collect();
+                    if let Some(c) = slow_at {
+                        xs[c * CHUNK + 3] = if c == 9 { f32::NAN } else { m - 86.5 };
+                    }
+                    let mut acc = [0.25f32; CHUNK];
+                    let mut d = vec![-1.0f32; xs.len()];
+                    let done = exp_diff_chunks_as(&xs, m, &mut d, &mut acc, narrow);
+                    let have_simd =
+                        crate::common::simd_level() >= crate::common::SimdLevel::Avx2Fma;
+                    let whole = xs.len() / CHUNK;
+                    let want_done = if have_simd {
+                        slow_at.unwrap_or(whole)
+                    } else {
+                        0
+                    };
+                    assert_eq!(done, want_done, "{level}: m = {m}, narrow {narrow}");
+                    let mut want = [0.25f32; CHUNK];
+                    for (c, ch) in xs.chunks_exact(CHUNK).enumerate().take(done) {
+                        let mut e = [0.0f32; CHUNK];
+                        assert!(exp_diff_chunk(ch.try_into().unwrap(), m, &mut e, narrow));
+                        for j in 0..CHUNK {
+                            assert_eq!(
+                                d[c * CHUNK + j].to_bits(),
+                                e[j].to_bits(),
+                                "{level}: e^({} - {m}), narrow {narrow}",
+                                ch[j]
+                            );
+                            want[j] += e[j];
+                        }
+                    }
+                    assert!(
+                        d[done * CHUNK..].iter().all(|&v| v == -1.0),
+                        "wrote past its chunks"
+                    );
                     for j in 0..CHUNK {
                         assert_eq!(
-                            d[c * CHUNK + j].to_bits(),
-                            e[j].to_bits(),
-                            "e^({} - {m})",
-                            ch[j]
+                            acc[j].to_bits(),
+                            want[j].to_bits(),
+                            "partial sum {j}, m = {m}, narrow {narrow}"
                         );
-                        want[j] += e[j];
                     }
-                }
-                assert!(
-                    d[done * CHUNK..].iter().all(|&v| v == -1.0),
-                    "wrote past its chunks"
-                );
-                for j in 0..CHUNK {
-                    assert_eq!(
-                        acc[j].to_bits(),
-                        want[j].to_bits(),
-                        "partial sum {j}, m = {m}"
-                    );
                 }
             }
         });
@@ -1610,7 +1863,7 @@ mod tests {
         vs.truncate(vs.len() / CHUNK * CHUNK);
         fn check<S: VecElem + crate::common::Scalar<C = f32>>(vs: &[f32], level: &str) {
             let mut out = vec![S::from_c(0.0); vs.len()];
-            let done = div_store_chunks(vs, 1.0, 1.0, &mut out);
+            let done = div_store_chunks(vs, 1.0, 1.0, &mut out, false);
             let have_simd = crate::common::simd_level() != crate::common::SimdLevel::Baseline;
             assert_eq!(
                 done,
