@@ -100,10 +100,12 @@ where
         return Ok(());
     }
     let direct = lin.stride == 1 && lout.stride == 1;
-    // the lane after `lane` (a direct one), which its task takes next if it is before `end`
-    // (the end of the task's range)
-    let next_row = |lane: usize, end: usize| NextRow {
-        p: if lane + 1 < end.min(lin.count) {
+    // the lane after `lane` (a direct one), prefetched while `lane` is computed: the next row
+    // of its task, or the first row of the next task, which the same thread mostly takes next
+    // (each pool thread runs a run of consecutive tasks, rayon's halves or ONNX Runtime's
+    // blocks); where another thread takes it, the hint was wasted, never wrong
+    let next_row = |lane: usize| NextRow {
+        p: if lane + 1 < lin.count {
             // (the whole `Sync` wrapper, not its raw-pointer field)
             let q: InPtr<T> = p;
             q.0.wrapping_offset(lin.base(lane + 1)) as *const u8
@@ -112,18 +114,19 @@ where
         },
         elem: std::mem::size_of::<T>(),
     };
-    // Rows of at least GRAIN elements: one task per thread, a run of consecutive rows each, so
-    // that every row but a task's first was prefetched during the row before it (`NextRow`
-    // looks only inside the task: a row the next task takes may be another thread's). With
-    // one row a task, 64 rows of 65536 spent a quarter of one thread's time waiting on memory
-    // in the maximum's pass. Each row's result is its own, whatever the partition.
+    // Rows of at least GRAIN elements: runs of consecutive rows, four tasks per thread, so that
+    // every row is prefetched during the row before it (with one row a task and no prefetch
+    // across tasks, 64 rows of 65536 spent a quarter of one thread's time waiting on memory in
+    // the maximum's pass), and a thread that finishes early can take a task of one slowed
+    // down (in MindSpore, whose Python thread spins beside polyop's pool while it waits, one
+    // task per thread left the other thread idle: half-type rows ran at 0.68-0.93 of float32's
+    // rate there, 1.2-1.5 elsewhere). Each row's result is its own, whatever the partition.
     let grain = if n >= GRAIN {
-        lin.count.div_ceil(pool.num_threads().max(1))
+        lin.count.div_ceil(4 * pool.num_threads().max(1))
     } else {
         lane_grain(n)
     };
     parallel_for(pool, lin.count, grain, |range| {
-        let end = range.end;
         with_simd(
             #[inline(always)]
             || {
@@ -157,7 +160,7 @@ where
                                     (None, None)
                                 };
                                 if let (Some(src), Some(dst)) = (src, dst) {
-                                    softmax_row(src, dst, next_row(lane, end), T::NARROW_EXP);
+                                    softmax_row(src, dst, next_row(lane), T::NARROW_EXP);
                                 } else if direct {
                                     // a contiguous half-type lane: converted as it is read
                                     softmax_row_converted::<T::C, T>(
@@ -167,7 +170,7 @@ where
                                             n,
                                         ),
                                         buf,
-                                        next_row(lane, end),
+                                        next_row(lane),
                                     );
                                 } else {
                                     load_strided(p, lin.base(lane), lin.stride, buf);
