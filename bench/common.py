@@ -12,7 +12,7 @@ import gc
 import os
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -83,9 +83,17 @@ def dtype_of(label: str) -> str:
     return tail if tail in ("f16", "bf16") else "f32"
 
 
+#: Result.extra key of a half-type throughput result's float32 twin, timed by polyop in the
+#: same `measure` (see `measure_workloads`).
+PAIRED_F32 = "polyop_f32_s"
+
+
 def half_ratios(results: list) -> list[tuple[str, str, str, str, float, float]]:
     """(framework, op, f32 label, dtype, polyop's elements/s in dtype / polyop's in f32, the
-    built-in's same ratio) for every half-type throughput result with an f32 twin."""
+    built-in's same ratio) for every half-type throughput result with an f32 twin. polyop's
+    ratio uses the float32 time taken in the same `measure` where the result has one
+    (`PAIRED_F32`: the two interleaved sample by sample, so drift in the machine's speed between
+    workloads does not land on the ratio), else the twin's own result."""
     f32 = {(r.framework, r.op, r.label): r for r in results if r.kind == "throughput" and dtype_of(r.label) == "f32"}
     out = []
     for r in results:
@@ -94,8 +102,34 @@ def half_ratios(results: list) -> list[tuple[str, str, str, str, float, float]]:
             continue
         base = f32.get((r.framework, r.op, r.label[: -len(dt) - 1]))
         if base is not None:
-            out.append((r.framework, r.op, base.label, dt, base.polyop_s / r.polyop_s, base.builtin_s / r.builtin_s))
+            p32 = r.extra.get(PAIRED_F32, base.polyop_s)
+            out.append((r.framework, r.op, base.label, dt, p32 / r.polyop_s, base.builtin_s / r.builtin_s))
     return out
+
+
+def measure_workloads(
+    workloads: list,
+    calls: Callable[[object], dict | None],
+    **kw,
+) -> Iterator[tuple[object, dict[str, float], dict]]:
+    """`measure(calls(w), **kw)` for each workload `w` (`calls` returns the callables by name,
+    "polyop" and "builtin" at least, or None to skip `w`): yields (w, times, extra). A half-type
+    throughput workload whose float32 twin (same op, label without the dtype) is in the list also
+    times the twin's "polyop" callable in the same `measure`, as extra[PAIRED_F32], so its
+    elements-per-second ratio to float32 (`half_ratios`) compares two times taken together."""
+    f32 = {(w.op, w.label): w for w in workloads if w.kind == "throughput" and dtype_of(w.label) == "f32"}
+    for w in workloads:
+        fns = calls(w)
+        if fns is None:
+            continue
+        dt = dtype_of(w.label)
+        twin = f32.get((w.op, w.label[: -len(dt) - 1])) if w.kind == "throughput" and dt != "f32" else None
+        twin_fns = calls(twin) if twin is not None else None
+        if twin_fns is not None:
+            fns["polyop_f32"] = twin_fns["polyop"]
+        t = measure(fns, **kw)
+        extra = {PAIRED_F32: t.pop("polyop_f32")} if "polyop_f32" in t else {}
+        yield w, t, extra
 
 
 @dataclasses.dataclass

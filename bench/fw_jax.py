@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 import polyop.jax as pj
-from common import Result, Workload, measure
+from common import Result, Workload, measure_workloads
 
 
 def _rms(x, w, eps):
@@ -32,20 +32,26 @@ BUILTIN = {
 }
 
 
+def calls(w: Workload) -> dict | None:
+    """polyop's and the built-in's call on `w`'s inputs (None: not timed here)."""
+    if w.op == "nonzero":
+        return None  # data-dependent shape: refused under jit by design (see docs/xla.md)
+    xs = [None if a is None else jnp.asarray(a) for a in w.inputs]
+    builtin = BUILTIN[w.op][1]
+    attrs = dict(w.attrs)
+    pfn = jax.jit(lambda *a: getattr(pj, w.op)(*a, **attrs))
+    bfn = jax.jit(lambda *a: builtin(*a, *attrs.values()))
+    return {
+        "polyop": lambda: jax.block_until_ready(pfn(*xs)),
+        "builtin": lambda: jax.block_until_ready(bfn(*xs)),
+    }
+
+
 def run(workloads: list[Workload]) -> list[Result]:
     results = []
-    for w in workloads:
-        if w.op == "nonzero":
-            continue  # data-dependent shape: refused under jit by design (see docs/xla.md)
-        xs = [None if a is None else jnp.asarray(a) for a in w.inputs]
-        name, builtin = BUILTIN[w.op]
-        attrs = dict(w.attrs)
-        pfn = jax.jit(lambda *a: getattr(pj, w.op)(*a, **attrs))
-        bfn = jax.jit(lambda *a: builtin(*a, *attrs.values()))
-        pcall = lambda: jax.block_until_ready(pfn(*xs))  # noqa: E731
-        fns = {"polyop": pcall, "builtin": lambda: jax.block_until_ready(bfn(*xs))}
-        t = measure(fns)
-        results.append(Result("jax", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work))
+    for w, t, extra in measure_workloads(workloads, calls):
+        name = BUILTIN[w.op][0]
+        results.append(Result("jax", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work, extra))
     return results
 
 

@@ -20,7 +20,7 @@ from mindspore import ops
 from mindspore.common.api import _pynative_executor  # what mindspore's profiler waits with
 
 import polyop.mindspore as pms
-from common import Result, Workload, dtype_of, measure
+from common import Result, Workload, dtype_of, measure_workloads
 
 
 BLOCKING = os.environ.get("POLYOP_BENCH_MS_BLOCKING") == "1"
@@ -82,11 +82,11 @@ def run(workloads: list[Workload]) -> list[Result]:
     if BLOCKING:
         ms.runtime.launch_blocking()
     sync = _pynative_executor.sync
-    results = []
-    for w in workloads:
+
+    def calls(w: Workload) -> dict | None:
         ts = [None if a is None else ms.Tensor(a) for a in w.inputs]
         attrs = list(w.attrs.values())
-        name, builtin = BUILTIN[w.op]
+        builtin = BUILTIN[w.op][1]
         pfn = getattr(pms, w.op)
         if dtype_of(w.label) != "f32":
             # MindSpore's CPU kernels lack float16/bfloat16 for some of these ops (Softmax:
@@ -95,7 +95,7 @@ def run(workloads: list[Workload]) -> list[Result]:
                 builtin(*ts, *attrs)
                 sync()
             except (TypeError, RuntimeError, ValueError):
-                continue
+                return None
         fns = {
             "polyop": lambda: pfn(*ts, **w.attrs),
             "builtin": lambda: builtin(*ts, *attrs),
@@ -103,8 +103,13 @@ def run(workloads: list[Workload]) -> list[Result]:
         if w.kind == "overhead" and w.op in PYFUNC:
             custom = _custom(w.op, w.attrs)
             fns["custom_op"] = lambda: custom(*ts)
-        t = measure(fns, sync=sync)
-        extra = {"custom_op_s": t["custom_op"]} if "custom_op" in t else {}
+        return fns
+
+    results = []
+    for w, t, extra in measure_workloads(workloads, calls, sync=sync):
+        name = BUILTIN[w.op][0]
+        if "custom_op" in t:
+            extra["custom_op_s"] = t["custom_op"]
         results.append(Result("mindspore", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work, extra))
     return results
 

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 import polyop
-from common import Result, Workload, measure
+from common import Result, Workload, measure_workloads
 
 
 def _rms(x, w, eps):
@@ -36,10 +36,10 @@ BUILTIN = {
 
 def run(workloads: list[Workload]) -> list[Result]:
     m = tf.load_op_library(polyop.library_path("tensorflow"))
-    results = []
-    for w in workloads:
+
+    def calls(w: Workload) -> dict:
         ts = [None if a is None else tf.constant(a) for a in w.inputs]
-        name, builtin = BUILTIN[w.op]
+        builtin = BUILTIN[w.op][1]
         pfn = getattr(m, f"polyop_{w.op}")
         attrs = dict(w.attrs)
         # The raw op's int[] attributes are TF list(int)s: a single int is repeated, as the
@@ -55,12 +55,15 @@ def run(workloads: list[Workload]) -> list[Result]:
         if w.op == "conv2d":
             bargs[0] = tf.transpose(ts[0], [0, 2, 3, 1])
             bargs[1] = tf.transpose(ts[1], [2, 3, 1, 0])
-        fns = {
+        return {
             "polyop": lambda: pfn(*pargs, **pattrs),
             "builtin": lambda: builtin(*bargs, *attrs.values()),
         }
-        t = measure(fns)
-        results.append(Result("tensorflow", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work))
+
+    results = []
+    for w, t, extra in measure_workloads(workloads, calls):
+        name = BUILTIN[w.op][0]
+        results.append(Result("tensorflow", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work, extra))
     return results
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import polyop
-from common import Result, Workload, measure
+from common import Result, Workload, measure_workloads
 
 BUILTIN = {
     "negate": ("torch.neg", lambda x: torch.neg(x)),
@@ -90,11 +90,11 @@ def run(workloads: list[Workload]) -> list[Result]:
     torch.ops.load_library(polyop.library_path("torch"))
     P = torch.ops.polyop
     customs = custom_op_versions()
-    results = []
-    for w in workloads:
+
+    def calls(w: Workload) -> dict:
         ts = [None if a is None else tensor(a) for a in w.inputs]
         attrs = list(w.attrs.values())
-        name, builtin = BUILTIN[w.op]
+        builtin = BUILTIN[w.op][1]
         pfn = getattr(P, w.op)
         fns = {
             "polyop": lambda: pfn(*ts, **w.attrs),
@@ -102,8 +102,13 @@ def run(workloads: list[Workload]) -> list[Result]:
         }
         if w.kind == "overhead":
             fns["custom_op"] = lambda: customs[w.op](*ts, *attrs)
-        t = measure(fns)
-        extra = {"custom_op_s": t["custom_op"]} if "custom_op" in t else {}
+        return fns
+
+    results = []
+    for w, t, extra in measure_workloads(workloads, calls):
+        name = BUILTIN[w.op][0]
+        if "custom_op" in t:
+            extra["custom_op_s"] = t["custom_op"]
         results.append(Result("torch", w.op, w.kind, w.label, t["polyop"], t["builtin"], name, w.unit, w.work, extra))
     return results
 

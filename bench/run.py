@@ -277,7 +277,10 @@ def half_section(results) -> list[str]:
     lines = ["## float16 and bfloat16 against float32", "",
              "Elements per second in the half type / elements per second in float32, the same op and",
              "shape, from the throughput rows above (`... f16` / `... bf16`): 1.00 means the half type",
-             "moves as many elements per second as float32.", "",
+             "moves as many elements per second as float32. polyop's float32 time here is its float32",
+             "call timed in the same measurement as the half-type call, sample by sample (drift in the",
+             "machine's speed between workloads does not land on the ratio); the built-in's is from its",
+             "own float32 row.", "",
              "| framework | op | input | dtype | polyop half / f32 | built-in half / f32 |", "|---|---|---|---|---|---|"]
     for fw, op, label, dt, ours, theirs in rows:
         lines.append(f"| {fw} | {op} | {label} | {dt} | {ours:.2f} | {theirs:.2f} |")

@@ -2,6 +2,7 @@
 short timings, so no number here means anything and nothing asserts a time)."""
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -18,11 +19,18 @@ OPS = {"negate", "add", "scale", "relu", "add_relu", "gelu", "softmax", "rms_nor
 def test_bench_smoke_covers_every_op_and_framework(tmp_path):
     out = tmp_path / "bench.md"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(out)],
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(out), "--save", str(tmp_path / "raw.json")],
         capture_output=True, text=True, timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
+    # Every half-type throughput result carries its float32 twin's polyop time from the same
+    # `measure` (the half-type ratios divide by it: paired, not minutes apart).
+    raw = json.loads((tmp_path / "raw.json").read_text())["results"]
+    half = [r for r in raw if r["kind"] == "throughput" and r["label"].endswith((" f16", " bf16"))]
+    assert {r["framework"] for r in half} == {"torch", "tensorflow", "jax", "mindspore"}, half
+    for r in half:
+        assert r["extra"].get("polyop_f32_s", 0) > 0, r
     # whole models with and without the ONNX Runtime execution provider (bench/ep_models.py)
     models = text.split("## ONNX Runtime execution provider: whole models\n", 1)[1].split("\n## ", 1)[0]
     row = next(r for r in models.splitlines() if r.startswith("| squeezenet |"))
@@ -88,6 +96,24 @@ def test_bench_smoke_covers_every_op_and_framework(tmp_path):
     for png in ["bench_ratios.png", "bench_sweep.png", "bench_roofline.png"]:
         data = (tmp_path / "img" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+
+
+def test_half_ratios_divide_by_the_float32_time_taken_in_the_same_measure():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import PAIRED_F32, Result, half_ratios
+
+    def result(label, polyop_s, builtin_s, extra=None):
+        return Result("torch", "gelu", "throughput", label, polyop_s, builtin_s, "b", "GB/s", 1.0, extra or {})
+
+    rows = half_ratios([
+        result("1024", 2.0, 4.0),  # float32's own workload, timed earlier (a slower moment)
+        result("1024 f16", 1.0, 1.0, {PAIRED_F32: 1.5}),  # with the twin timed beside it
+        result("1024 bf16", 1.0, 2.0),  # no paired time: the twin's own result
+    ])
+    assert rows == [
+        ("torch", "gelu", "1024", "f16", 1.5, 4.0),
+        ("torch", "gelu", "1024", "bf16", 2.0, 2.0),
+    ], rows
 
 
 @pytest.mark.parametrize("python", ["missing", "without-mindspore"])
