@@ -385,7 +385,7 @@ scalar_ident!(
         acc: &mut [f32; ACC],
         narrow: bool,
     ) -> usize {
-        crate::vmath::exp_diff_chunks_as(s, m, d, acc, narrow)
+        crate::vmath::exp_diff_chunks(s, m, d, acc, narrow)
     },
     #[inline(always)]
     fn max_chunks(s: &[f32], acc: &mut [f32; ACC]) -> usize {
@@ -441,7 +441,7 @@ macro_rules! scalar_half {
                 acc: &mut [f32; ACC],
                 narrow: bool,
             ) -> usize {
-                crate::vmath::exp_diff_chunks_as(s, m, d, acc, narrow)
+                crate::vmath::exp_diff_chunks(s, m, d, acc, narrow)
             }
             #[inline(always)]
             fn max_chunks(s: &[Self], acc: &mut [f32; ACC]) -> usize {

@@ -441,15 +441,13 @@ fn div_markstein<C: Real>(v: C, sum: C, rcp: C) -> C {
 /// the half type does not see.
 #[inline(always)]
 fn div_by_sum<C: Real>(dst: &mut [C], sum: C, fast: bool, narrow: bool) {
-    if fast && narrow {
+    if fast {
         let rcp = C::ONE / sum;
-        for v in dst.iter_mut() {
-            *v = *v * rcp;
-        }
-    } else if fast {
-        let rcp = C::ONE / sum;
-        for v in dst.iter_mut() {
-            *v = div_markstein(*v, sum, rcp);
+        if narrow {
+            dst.iter_mut().for_each(|v| *v = *v * rcp);
+        } else {
+            dst.iter_mut()
+                .for_each(|v| *v = div_markstein(*v, sum, rcp));
         }
     } else {
         for v in dst.iter_mut() {

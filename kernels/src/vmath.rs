@@ -674,22 +674,6 @@ unsafe fn scale_store_avx2<S: VecElem>(s: &[S], r: f32, w: &[f32], d: &mut [S]) 
 /// Lower bound of `x - m` for [`exp_diff_fast`].
 const EXP_FAST_MIN: f32 = -86.0;
 
-/// [`exp_diff_chunks`] with `NARROW` chosen by `narrow`.
-#[inline(always)]
-pub fn exp_diff_chunks_as<S: VecElem>(
-    s: &[S],
-    m: f32,
-    d: &mut [f32],
-    acc: &mut [f32; CHUNK],
-    narrow: bool,
-) -> usize {
-    if narrow {
-        exp_diff_chunks::<S, true>(s, m, d, acc)
-    } else {
-        exp_diff_chunks::<S, false>(s, m, d, acc)
-    }
-}
-
 /// For the leading whole chunks of [`CHUNK`] elements of `s` that take [`exp_diff_chunk`]'s
 /// fast path (every `s[i] - m >= EXP_FAST_MIN`): `d[i] = exp_diff_fast(s[i], m)` and
 /// `acc[i % CHUNK] += d[i]`, chunk after chunk (the same bits and the same order as the loop
@@ -700,20 +684,29 @@ pub fn exp_diff_chunks_as<S: VecElem>(
 /// 2-lane pieces and reloaded constants); elsewhere it does nothing (returns 0) and the
 /// caller's loop does it all.
 ///
-/// `NARROW`: the row's elements are 16-bit floats, and the chunks take [`exp_narrow_fast`]
+/// `narrow`: the row's elements are 16-bit floats, and the chunks take [`exp_narrow_fast`]
 /// ([`exp_diff_chunk`]'s `narrow`) instead.
 #[inline(always)]
-pub fn exp_diff_chunks<S: VecElem, const NARROW: bool>(
+pub fn exp_diff_chunks<S: VecElem>(
     s: &[S],
     m: f32,
     d: &mut [f32],
     acc: &mut [f32; CHUNK],
+    narrow: bool,
 ) -> usize {
-    by_level!(
-        S,
-        exp_diff_chunks_avx512::<S, NARROW>(s, m, d, acc),
-        exp_diff_chunks_avx2::<S, NARROW>(s, m, d, acc)
-    );
+    if narrow {
+        by_level!(
+            S,
+            exp_diff_chunks_avx512::<S, true>(s, m, d, acc),
+            exp_diff_chunks_avx2::<S, true>(s, m, d, acc)
+        );
+    } else {
+        by_level!(
+            S,
+            exp_diff_chunks_avx512::<S, false>(s, m, d, acc),
+            exp_diff_chunks_avx2::<S, false>(s, m, d, acc)
+        );
+    }
     let _ = (s, m, d, acc);
     0
 }
@@ -858,40 +851,32 @@ unsafe fn exp_diff_chunks_avx512<S: VecElem, const NARROW: bool>(
         if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
             break;
         }
-        if NARROW {
-            // `exp_narrow_fast(x, m)`, as in `exp_diff_chunks_avx2`
-            let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
-            let n = _mm512_sub_ps(k, magic);
+        let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
+        let n = _mm512_sub_ps(k, magic);
+        let p = if NARROW {
+            // `exp_narrow_fast(x, m)`'s polynomial, as in `exp_diff_chunks_avx2`
             let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-std::f32::consts::LN_2), dd);
             let r2 = _mm512_mul_ps(r, r);
             let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_N[1]), r, _mm512_set1_ps(EXP_N[0]));
             let q = _mm512_fmadd_ps(_mm512_set1_ps(EXP_N[2]), r2, a);
-            let p = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0));
-            // (exact, as below)
-            let y = _mm512_scalef_ps(p, n);
-            // SAFETY: as the load
-            unsafe { _mm512_storeu_ps(dp.add(at), y) };
-            sum = _mm512_add_ps(sum, y);
-            c += 1;
-            continue;
-        }
-        // `exp_diff_fast(x, m)`, as in `exp_diff_chunks_avx2`
-        let bb = _mm512_sub_ps(dd, x);
-        let err = _mm512_add_ps(
-            _mm512_sub_ps(x, _mm512_sub_ps(dd, bb)),
-            _mm512_sub_ps(vneg_m, bb),
-        );
-        let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
-        let n = _mm512_sub_ps(k, magic);
-        let r = _mm512_add_ps(
-            _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), dd),
-            _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), err),
-        );
-        let r2 = _mm512_mul_ps(r, r);
-        let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[1]), r, _mm512_set1_ps(EXP_C[0]));
-        let b = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[3]), r, _mm512_set1_ps(EXP_C[2]));
-        let q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(EXP_C[4]), r2, b), r2, a);
-        let p = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0));
+            _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0))
+        } else {
+            // `exp_diff_fast(x, m)`'s, as in `exp_diff_chunks_avx2`
+            let bb = _mm512_sub_ps(dd, x);
+            let err = _mm512_add_ps(
+                _mm512_sub_ps(x, _mm512_sub_ps(dd, bb)),
+                _mm512_sub_ps(vneg_m, bb),
+            );
+            let r = _mm512_add_ps(
+                _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), dd),
+                _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), err),
+            );
+            let r2 = _mm512_mul_ps(r, r);
+            let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[1]), r, _mm512_set1_ps(EXP_C[0]));
+            let b = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[3]), r, _mm512_set1_ps(EXP_C[2]));
+            let q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(EXP_C[4]), r2, b), r2, a);
+            _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0))
+        };
         // p * 2^n in one instruction: exact, as the product with 2^n is, for these normal
         // results (n in [-125, 0])
         let y = _mm512_scalef_ps(p, n);
@@ -923,40 +908,32 @@ unsafe fn exp_diff_chunks_avx2<S: VecElem, const NARROW: bool>(
     let (sp, dp, ap) = (s.as_ptr(), d.as_mut_ptr(), acc.as_mut_ptr());
     let (vm, vneg_m) = (_mm256_set1_ps(m), _mm256_set1_ps(-m));
     let (vmin, magic) = (_mm256_set1_ps(EXP_FAST_MIN), _mm256_set1_ps(MAGIC));
-    // one lane's `exp_narrow_fast(x, m)` given `dd = x - m`
-    let narrow = |dd: __m256| {
-        let k = _mm256_fmadd_ps(dd, _mm256_set1_ps(LOG2E), magic);
-        let n = _mm256_sub_ps(k, magic);
-        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-std::f32::consts::LN_2), dd);
-        let r2 = _mm256_mul_ps(r, r);
-        let a = _mm256_fmadd_ps(_mm256_set1_ps(EXP_N[1]), r, _mm256_set1_ps(EXP_N[0]));
-        let q = _mm256_fmadd_ps(_mm256_set1_ps(EXP_N[2]), r2, a);
-        let p = _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0));
-        // 2^n from k's bits, as in `lane`
-        let e = _mm256_sub_epi32(
-            _mm256_castps_si256(k),
-            _mm256_set1_epi32(MAGIC.to_bits() as i32 - 127),
-        );
-        _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)))
-    };
-    // one lane's `exp_diff_fast(x, m)` given `dd = x - m`
+    // one lane's `exp_narrow_fast(x, m)` (NARROW) or `exp_diff_fast(x, m)` given `dd = x - m`
     let lane = |x: __m256, dd: __m256| {
-        let bb = _mm256_sub_ps(dd, x);
-        let err = _mm256_add_ps(
-            _mm256_sub_ps(x, _mm256_sub_ps(dd, bb)),
-            _mm256_sub_ps(vneg_m, bb),
-        );
         let k = _mm256_fmadd_ps(dd, _mm256_set1_ps(LOG2E), magic);
         let n = _mm256_sub_ps(k, magic);
-        let r = _mm256_add_ps(
-            _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), dd),
-            _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), err),
-        );
-        let r2 = _mm256_mul_ps(r, r);
-        let a = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C[1]), r, _mm256_set1_ps(EXP_C[0]));
-        let b = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C[3]), r, _mm256_set1_ps(EXP_C[2]));
-        let q = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(EXP_C[4]), r2, b), r2, a);
-        let p = _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0));
+        let p = if NARROW {
+            let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-std::f32::consts::LN_2), dd);
+            let r2 = _mm256_mul_ps(r, r);
+            let a = _mm256_fmadd_ps(_mm256_set1_ps(EXP_N[1]), r, _mm256_set1_ps(EXP_N[0]));
+            let q = _mm256_fmadd_ps(_mm256_set1_ps(EXP_N[2]), r2, a);
+            _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0))
+        } else {
+            let bb = _mm256_sub_ps(dd, x);
+            let err = _mm256_add_ps(
+                _mm256_sub_ps(x, _mm256_sub_ps(dd, bb)),
+                _mm256_sub_ps(vneg_m, bb),
+            );
+            let r = _mm256_add_ps(
+                _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), dd),
+                _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), err),
+            );
+            let r2 = _mm256_mul_ps(r, r);
+            let a = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C[1]), r, _mm256_set1_ps(EXP_C[0]));
+            let b = _mm256_fmadd_ps(_mm256_set1_ps(EXP_C[3]), r, _mm256_set1_ps(EXP_C[2]));
+            let q = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(EXP_C[4]), r2, b), r2, a);
+            _mm256_add_ps(_mm256_fmadd_ps(q, r2, r), _mm256_set1_ps(1.0))
+        };
         // (bits of k) - (bits of MAGIC) = n; + 127, shifted into the exponent: 2^n
         let e = _mm256_sub_epi32(
             _mm256_castps_si256(k),
@@ -977,11 +954,7 @@ unsafe fn exp_diff_chunks_avx2<S: VecElem, const NARROW: bool>(
         if _mm256_movemask_ps(ok) != 0xff {
             break;
         }
-        let (e0, e1) = if NARROW {
-            (narrow(d0), narrow(d1))
-        } else {
-            (lane(x0, d0), lane(x1, d1))
-        };
+        let (e0, e1) = (lane(x0, d0), lane(x1, d1));
         // SAFETY: as the loads
         unsafe {
             _mm256_storeu_ps(dp.add(at), e0);
@@ -1773,7 +1746,7 @@ mod tests {
                     }
                     let mut acc = [0.25f32; CHUNK];
                     let mut d = vec![-1.0f32; xs.len()];
-                    let done = exp_diff_chunks_as(&xs, m, &mut d, &mut acc, narrow);
+                    let done = exp_diff_chunks(&xs, m, &mut d, &mut acc, narrow);
                     let have_simd =
                         crate::common::simd_level() >= crate::common::SimdLevel::Avx2Fma;
                     let whole = xs.len() / CHUNK;
