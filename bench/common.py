@@ -88,6 +88,15 @@ def dtype_of(label: str) -> str:
 PAIRED_F32 = "polyop_f32_s"
 
 
+def f32_label(r) -> str | None:
+    """The label of a half-type throughput workload's (or result's) float32 twin: its own
+    without the dtype suffix (`"64x65536 f16"` -> `"64x65536"`); None for anything else."""
+    dt = dtype_of(r.label)
+    if r.kind != "throughput" or dt == "f32":
+        return None
+    return r.label[: -len(dt) - 1]
+
+
 def half_ratios(results: list) -> list[tuple[str, str, str, str, float, float]]:
     """(framework, op, f32 label, dtype, polyop's elements/s in dtype / polyop's in f32, the
     built-in's same ratio) for every half-type throughput result with an f32 twin. polyop's
@@ -97,11 +106,10 @@ def half_ratios(results: list) -> list[tuple[str, str, str, str, float, float]]:
     f32 = {(r.framework, r.op, r.label): r for r in results if r.kind == "throughput" and dtype_of(r.label) == "f32"}
     out = []
     for r in results:
-        dt = dtype_of(r.label)
-        if r.kind != "throughput" or dt == "f32":
-            continue
-        base = f32.get((r.framework, r.op, r.label[: -len(dt) - 1]))
+        label = f32_label(r)
+        base = None if label is None else f32.get((r.framework, r.op, label))
         if base is not None:
+            dt = dtype_of(r.label)
             p32 = r.extra.get(PAIRED_F32, base.polyop_s)
             out.append((r.framework, r.op, base.label, dt, p32 / r.polyop_s, base.builtin_s / r.builtin_s))
     return out
@@ -122,8 +130,8 @@ def measure_workloads(
         fns = calls(w)
         if fns is None:
             continue
-        dt = dtype_of(w.label)
-        twin = f32.get((w.op, w.label[: -len(dt) - 1])) if w.kind == "throughput" and dt != "f32" else None
+        label = f32_label(w)
+        twin = None if label is None else f32.get((w.op, label))
         twin_fns = calls(twin) if twin is not None else None
         if twin_fns is not None:
             fns["polyop_f32"] = twin_fns["polyop"]
