@@ -1,7 +1,7 @@
 //! topk and topk_backward.
 //!
 //! Per lane along `axis`: for k <= 64, one pass keeping a sorted buffer of the best k (a
-//! vectorised test skips blocks of 16 with no candidate); otherwise a partial selection (`select_nth_unstable_by`, O(n)) of the k best
+//! vectorised test skips blocks of 16, or 32 half-type keys, with no candidate); otherwise a partial selection (`select_nth_unstable_by`, O(n)) of the k best
 //! elements, then a sort of those k, under a total order: by value (descending when
 //! `largest`, ascending otherwise) with NaN counted larger than every number (so NaNs come
 //! first when largest, last otherwise), `-0.0 == +0.0`, and ties broken by the lower index.
@@ -10,7 +10,7 @@
 
 use crate::common::{
     c_slice, contiguous_lanes, expect_shape, half_key, in_ptr, lane_grain, load_strided, out_ptr,
-    store_strided, with_numeric, with_simd, Lanes, Num, OutPtr, Scalar,
+    simd_level, store_strided, with_numeric, with_simd, Lanes, Num, OutPtr, Scalar, SimdLevel,
 };
 use crate::elementwise::req;
 use kernel_core::{
@@ -222,11 +222,7 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
                         // the keys first); the values written are the input elements at the
                         // indices found, through f32 as the other path gives them (a
                         // signalling NaN comes out quiet)
-                        let row = HalfRow {
-                            bits,
-                            inf: T::HALF_INF,
-                        };
-                        top_k_scan(&row, k, largest, &mut kv, &mut bi);
+                        scan_half_row(bits, T::HALF_INF, k, largest, &mut kv, &mut bi);
                         let base = lout.base(lane);
                         for (j, &i) in bi.iter().enumerate() {
                             // SAFETY: as for the scan's writes below; `i < n` is an element of
@@ -300,14 +296,17 @@ fn topk_k<T: Scalar>(ctx: &mut KernelCtx) -> Result<()> {
 /// Largest k handled by the single-pass scan ([`top_k_scan`]); above it, selection + sort.
 const SMALL_K: usize = 64;
 
-/// Elements per candidate test of [`top_k_scan`].
+/// Elements per candidate test of [`top_k_scan`] on a row of the compute type (and on a
+/// half-type row without AVX-512BW).
 const BLK: usize = 16;
 
 /// A row the scan reads ([`top_k_scan`]): its keys one at a time, and whole blocks of
-/// [`BLK`] tested at once.
+/// [`Self::BLK`] (at most 32) tested at once.
 trait ScanRow {
     /// The keys' type, in the output order ([`before`]).
     type K: Num;
+    /// Elements per candidate test.
+    const BLK: usize;
     fn len(&self) -> usize;
     /// Key `i`.
     fn key(&self, i: usize) -> Self::K;
@@ -320,6 +319,7 @@ trait ScanRow {
 /// [`HalfRow`]).
 impl<C: Num> ScanRow for [C] {
     type K = C;
+    const BLK: usize = BLK;
     #[inline(always)]
     fn len(&self) -> usize {
         <[C]>::len(self)
@@ -357,14 +357,20 @@ impl<C: Num> ScanRow for [C] {
 
 /// A float16 or bfloat16 row read as its order keys ([`half_key`]; +infinity's bits `inf`),
 /// each made from the bits as the scan reads it. (Writing the row's keys first, then scanning
-/// them, took a pass that left the half types' rows slower than float32's.)
-struct HalfRow<'a> {
+/// them, took a pass that left the half types' rows slower than float32's.) `WIDE`: blocks of
+/// 32 keys in one AVX-512BW vector, for [`scan_half_row`]'s AVX-512BW build only; otherwise
+/// blocks of 16 in SSE2.
+struct HalfRow<'a, const WIDE: bool> {
     bits: &'a [u16],
     inf: u16,
 }
 
-impl ScanRow for HalfRow<'_> {
+impl<const WIDE: bool> ScanRow for HalfRow<'_, WIDE> {
     type K = i16;
+    /// (32 keys a test, in one vector: one thread, rows of 1024, k = 8, `op_loop topk`:
+    /// float16 1.53 -> 1.66 Gelem/s, bfloat16 1.70 -> 1.84, float32 1.47-1.53. The rest of a
+    /// row's time is the insertions into the buffer.)
+    const BLK: usize = if WIDE { 32 } else { BLK };
     #[inline(always)]
     fn len(&self) -> usize {
         self.bits.len()
@@ -373,19 +379,40 @@ impl ScanRow for HalfRow<'_> {
     fn key(&self, i: usize) -> i16 {
         half_key(self.bits[i], self.inf)
     }
-    /// Keys have no NaN (it is the largest key): one compare. On x86-64 in SSE2 (part of the
-    /// baseline), 8 lanes a vector: [`half_key`]'s steps (magnitude, its sign applied as
-    /// `(m ^ s) - s`, NaN to `i16::MAX`) and the compare, then two 8-lane masks packed into
-    /// one byte mask (the generic loop's 16 shifted bits cost a reduction tree of shuffles,
-    /// more than the rest of a block).
+    /// Keys have no NaN (it is the largest key): one compare. On x86-64, [`half_key`]'s steps
+    /// (magnitude, its sign applied as `(m ^ s) - s`, NaN to `i16::MAX`) and the compare in
+    /// vectors: 32 lanes in AVX-512BW (`WIDE`, the compare's mask register is the block's
+    /// mask), or 8 lanes in SSE2 (part of the baseline), two 8-lane masks packed into one
+    /// byte mask (the generic loop's 16 shifted bits cost a reduction tree of shuffles, more
+    /// than the rest of a block).
     #[inline(always)]
     fn candidates(&self, i: usize, w: i16, largest: bool) -> u32 {
-        let blk = &self.bits[i..i + BLK];
+        let blk = &self.bits[i..i + Self::BLK];
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::*;
+            if WIDE {
+                // SAFETY: a `HalfRow<true>` is scanned only inside `scan_half_row`'s AVX-512BW
+                // build, on a CPU that has it (checked there); the unaligned load reads the 32
+                // elements of `blk` (a slice of BLK = 32, checked by the indexing above).
+                return unsafe {
+                    let h = _mm512_loadu_si512(blk.as_ptr() as *const _);
+                    let m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
+                    let s = _mm512_srai_epi16::<15>(h);
+                    let signed = _mm512_sub_epi16(_mm512_xor_si512(m, s), s);
+                    let nan = _mm512_cmpgt_epi16_mask(m, _mm512_set1_epi16(self.inf as i16));
+                    let vw = _mm512_set1_epi16(w);
+                    // a NaN's key is i16::MAX: before every `w` but NaN when largest (a
+                    // superset where `w` is NaN too: `before` decides), never otherwise
+                    if largest {
+                        _mm512_cmpgt_epi16_mask(signed, vw) | nan
+                    } else {
+                        _mm512_cmpgt_epi16_mask(vw, signed) & !nan
+                    }
+                };
+            }
             // SAFETY: SSE2 is part of x86-64's baseline; the two unaligned loads read the 16
-            // elements of `blk` (a slice of BLK, checked by the indexing above).
+            // elements of `blk` (a slice of BLK = 16, checked by the indexing above).
             unsafe {
                 let p = blk.as_ptr() as *const __m128i;
                 let (inf, max) = (_mm_set1_epi16(self.inf as i16), _mm_set1_epi16(i16::MAX));
@@ -419,6 +446,41 @@ impl ScanRow for HalfRow<'_> {
     }
 }
 
+/// [`top_k_scan`] of a float16 or bfloat16 row's bits (+infinity's bits `inf`): in blocks of
+/// 32 in AVX-512BW where [`simd_level`] is AVX-512 and the CPU has BW (every AVX-512 CPU from
+/// Skylake-SP and Zen 4 on), otherwise in blocks of 16. Same keys and order, so the same
+/// indices either way.
+fn scan_half_row(
+    bits: &[u16],
+    inf: u16,
+    k: usize,
+    largest: bool,
+    kv: &mut Vec<i16>,
+    idx: &mut Vec<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU supports AVX-512F, VL and BW, AVX2 and FMA.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn wide(
+            row: &HalfRow<'_, true>,
+            k: usize,
+            largest: bool,
+            kv: &mut Vec<i16>,
+            idx: &mut Vec<usize>,
+        ) {
+            top_k_scan(row, k, largest, kv, idx)
+        }
+        if simd_level() == SimdLevel::Avx512 && std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the level is AVX-512 (F, VL, AVX2, FMA: `simd_level` never reports a
+            // level the CPU lacks) and BW was detected just now.
+            return unsafe { wide(&HalfRow { bits, inf }, k, largest, kv, idx) };
+        }
+    }
+    top_k_scan(&HalfRow::<false> { bits, inf }, k, largest, kv, idx)
+}
+
 /// Whether `v` comes strictly before `w` in the output order (NaN largest; equal values are
 /// never "before": the scan visits indices in increasing order, so ties keep the lower
 /// index).
@@ -429,6 +491,24 @@ fn before<C: Num>(v: C, w: C, largest: bool) -> bool {
     } else {
         !v.is_nan() && (w.is_nan() || v < w)
     }
+}
+
+/// Insertion of `v` (index `i`) into a sorted buffer of the best so far, from its end: the
+/// entries `v` comes before move one place towards the end, the last dropping out, in place
+/// (without `Vec::insert`'s memmove calls: a tenth of the time on rows of 1024, k = 8);
+/// `before` is monotone along the sorted buffer, so `v` lands before the first entry it comes
+/// before. A function, not a closure, so that it inlines into the scan's AVX-512BW build too
+/// (a call per insertion there: a quarter of a half-type row's time).
+#[inline(always)]
+fn shift_in<K: Num>(vals: &mut [K], idx: &mut [usize], v: K, i: usize, largest: bool) {
+    let mut p = vals.len() - 1;
+    while p > 0 && before(v, vals[p - 1], largest) {
+        vals[p] = vals[p - 1];
+        idx[p] = idx[p - 1];
+        p -= 1;
+    }
+    vals[p] = v;
+    idx[p] = i;
 }
 
 /// The top k of `x` (k >= 1, k <= len), sorted, in one pass: a sorted buffer of the best k
@@ -445,35 +525,21 @@ fn top_k_scan<R: ScanRow + ?Sized>(
 ) {
     vals.clear();
     idx.clear();
-    // insertion from the end: the entries `v` comes before move one place towards it (a full
-    // buffer's last drops out), in place, without `Vec::insert`'s memmove calls (a tenth of
-    // the time on rows of 1024, k = 8); `before` is monotone along the sorted buffer, so this
-    // is the position of the first entry `v` comes before
-    let insert = |vals: &mut Vec<R::K>, idx: &mut Vec<usize>, v: R::K, i: usize| {
-        if vals.len() < k {
-            vals.push(v);
-            idx.push(i);
-        }
-        let mut p = vals.len() - 1;
-        while p > 0 && before(v, vals[p - 1], largest) {
-            vals[p] = vals[p - 1];
-            idx[p] = idx[p - 1];
-            p -= 1;
-        }
-        vals[p] = v;
-        idx[p] = i;
-    };
     for i in 0..k {
-        insert(vals, idx, x.key(i), i);
+        let v = x.key(i);
+        vals.push(v);
+        idx.push(i);
+        shift_in(vals, idx, v, i, largest);
     }
+    // the buffer's last, kept in a register between insertions
+    let mut last = vals[k - 1];
     let mut i = k;
     while i < x.len() {
-        let end = (i + BLK).min(x.len());
-        let w = vals[k - 1];
+        let end = (i + R::BLK).min(x.len());
         // bit j: x[i + j] is a candidate against the current last (a superset of the
         // elements that will enter, since the last only gets better)
-        let mask: u32 = if end - i == BLK {
-            x.candidates(i, w, largest)
+        let mask: u32 = if end - i == R::BLK {
+            x.candidates(i, last, largest)
         } else {
             (1u32 << (end - i)) - 1
         };
@@ -482,8 +548,9 @@ fn top_k_scan<R: ScanRow + ?Sized>(
             let j = m.trailing_zeros() as usize;
             m &= m - 1;
             let v = x.key(i + j);
-            if before(v, vals[k - 1], largest) {
-                insert(vals, idx, v, i + j);
+            if before(v, last, largest) {
+                shift_in(vals, idx, v, i + j, largest);
+                last = vals[k - 1];
             }
         }
         i = end;
@@ -644,7 +711,7 @@ mod tests {
         use kernel_core::half::{bf16, f16};
         fn check(from_bits: impl Fn(u16) -> f32, inf: u16, specials: &[u16]) {
             let mut next = random_bits(0x9e37_79b9_7f4a_7c15);
-            for n in [1usize, 15, 16, 17, 33, 100] {
+            for n in [1usize, 15, 16, 17, 31, 32, 33, 65, 100] {
                 for trial in 0..16 {
                     let bits: Vec<u16> = (0..n)
                         .map(|_| {
@@ -660,13 +727,17 @@ mod tests {
                             }
                         })
                         .collect();
-                    let row = HalfRow { bits: &bits, inf };
+                    let row = HalfRow::<false> { bits: &bits, inf };
                     let vals: Vec<f32> = bits.iter().map(|&h| from_bits(h)).collect();
                     for k in 1..=n.min(SMALL_K) {
                         for largest in [true, false] {
+                            let want = selection(&vals, k, largest);
+                            // blocks of 16 (SSE2), then as the kernel scans (blocks of 32
+                            // where the CPU has AVX-512BW)
                             let (mut kv, mut got) = (Vec::new(), Vec::new());
                             top_k_scan(&row, k, largest, &mut kv, &mut got);
-                            let want = selection(&vals, k, largest);
+                            assert_eq!(got, want, "bits={bits:x?} k={k} largest={largest}");
+                            scan_half_row(&bits, inf, k, largest, &mut kv, &mut got);
                             assert_eq!(got, want, "bits={bits:x?} k={k} largest={largest}");
                         }
                     }
