@@ -107,15 +107,31 @@ pub trait Real: Num + num_traits::Float + Scalar<C = Self> {
     fn gelu_tanh(self) -> Self;
     /// `e^(self - m)` for finite `self <= m` (softmax's fast path; see
     /// [`crate::vmath::exp_diff_f32`] for f32, `exp_minus` in softmax.rs for f64). `narrow`:
-    /// the row's storage type is a 16-bit float ([`Scalar::NARROW_EXP`]), and f32 takes
+    /// the row's storage type is a 16-bit float ([`Scalar::NARROW`]), and f32 takes
     /// [`crate::vmath::exp_diff_narrow`] (f64 rows never are).
     fn exp_diff(self, m: Self, narrow: bool) -> Self;
-    /// `dst[i] = src[i].gelu_erf()` (same bits), for the first `min(len)` elements; f32 skips
-    /// the tail formula for chunks that have no tail element ([`crate::vmath::gelu_erf_slice`]).
+    /// [`Real::gelu_erf`] to the precision a 16-bit float result keeps ([`Scalar::NARROW`]):
+    /// f32 takes [`crate::vmath::gelu_erf_narrow`]; f64 (never narrow) its exact gelu.
     #[inline(always)]
-    fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
+    fn gelu_erf_narrow(self) -> Self {
+        self.gelu_erf()
+    }
+    /// [`Real::gelu_tanh`] likewise ([`crate::vmath::gelu_tanh_narrow`] for f32).
+    #[inline(always)]
+    fn gelu_tanh_narrow(self) -> Self {
+        self.gelu_tanh()
+    }
+    /// `dst[i] = src[i].gelu_erf()` (`narrow`: `gelu_erf_narrow()`), same bits, for the first
+    /// `min(len)` elements; f32 skips the tail formula for chunks that have no tail element
+    /// ([`crate::vmath::gelu_erf_slice`]).
+    #[inline(always)]
+    fn gelu_erf_slice(src: &[Self], dst: &mut [Self], narrow: bool) {
         for (o, &x) in dst.iter_mut().zip(src) {
-            *o = x.gelu_erf();
+            *o = if narrow {
+                x.gelu_erf_narrow()
+            } else {
+                x.gelu_erf()
+            };
         }
     }
     /// `d[j] = s[j].exp_diff(m, narrow)` (same bits) for a chunk of [`ACC`] elements; f32
@@ -129,11 +145,16 @@ pub trait Real: Num + num_traits::Float + Scalar<C = Self> {
         }
         false
     }
-    /// `dst[i] = src[i].gelu_tanh()` (same bits), as [`Real::gelu_erf_slice`].
+    /// `dst[i] = src[i].gelu_tanh()` (`narrow`: `gelu_tanh_narrow()`), same bits, as
+    /// [`Real::gelu_erf_slice`].
     #[inline(always)]
-    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
+    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self], narrow: bool) {
         for (o, &x) in dst.iter_mut().zip(src) {
-            *o = x.gelu_tanh();
+            *o = if narrow {
+                x.gelu_tanh_narrow()
+            } else {
+                x.gelu_tanh()
+            };
         }
     }
 }
@@ -170,16 +191,32 @@ impl Real for f32 {
         }
     }
     #[inline(always)]
-    fn gelu_erf_slice(src: &[Self], dst: &mut [Self]) {
-        crate::vmath::gelu_erf_slice(src, dst)
+    fn gelu_erf_narrow(self) -> Self {
+        crate::vmath::gelu_erf_narrow(self)
+    }
+    #[inline(always)]
+    fn gelu_tanh_narrow(self) -> Self {
+        crate::vmath::gelu_tanh_narrow(self)
+    }
+    #[inline(always)]
+    fn gelu_erf_slice(src: &[Self], dst: &mut [Self], narrow: bool) {
+        if narrow {
+            crate::vmath::gelu_erf_narrow_slice(src, dst)
+        } else {
+            crate::vmath::gelu_erf_slice(src, dst)
+        }
     }
     #[inline(always)]
     fn exp_diff_chunk(s: &[Self; ACC], m: Self, d: &mut [Self; ACC], narrow: bool) -> bool {
         crate::vmath::exp_diff_chunk(s, m, d, narrow)
     }
     #[inline(always)]
-    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self]) {
-        crate::vmath::gelu_tanh_slice(src, dst)
+    fn gelu_tanh_slice(src: &[Self], dst: &mut [Self], narrow: bool) {
+        if narrow {
+            crate::vmath::gelu_tanh_narrow_slice(src, dst)
+        } else {
+            crate::vmath::gelu_tanh_slice(src, dst)
+        }
     }
     #[inline(always)]
     fn gelu_erf_grad(self) -> Self {
@@ -244,12 +281,14 @@ pub trait Scalar: Element {
     /// than [`Scalar::load`] blocks first (true where `to_c` is a few integer instructions that
     /// vectorise in the loop, bf16; f16's block load is F16C, a call, better done per block).
     const CONVERT_IN_LOOP: bool = false;
-    /// Whether softmax over rows of this type takes the short exponential
-    /// ([`crate::vmath::exp_diff_narrow`]): true for the 16-bit floats, whose results keep 11
-    /// or 8 bits, where float32's formula computes 24 (their rows went at float32's rate).
-    /// Every path of a row of this type (contiguous or strided, any level) takes it, so the
-    /// result does not depend on the layout.
-    const NARROW_EXP: bool = false;
+    /// Whether the kernels compute this type's results to the precision it keeps rather than
+    /// float32's: true for the 16-bit floats, whose results keep 11 or 8 bits, where float32's
+    /// formulas compute 24 (their compute-bound loops went at float32's rate). Softmax takes
+    /// the short exponential ([`crate::vmath::exp_diff_narrow`]), gelu the short forms
+    /// ([`crate::vmath::gelu_erf_narrow`], [`crate::vmath::gelu_tanh_narrow`]). Every path of
+    /// an op on this type (contiguous or strided, any level) takes them, so the result does not
+    /// depend on the layout.
+    const NARROW: bool = false;
     /// `Real::exp_diff_chunk`'s fast path over the leading chunks of [`ACC`] elements of `s`
     /// that take it, converted to the compute type as they are read: `d[i] = e^(s[i] - m)`,
     /// each added into `acc[i % ACC]` in order; returns how many chunks it did (the caller's
@@ -278,7 +317,7 @@ pub trait Scalar: Element {
     /// correction, as softmax.rs's `div_markstein`) over the leading whole chunks of [`ACC`]
     /// elements of `s`, each result stored converted into `d`; returns how many chunks it did.
     /// 0 here; the 16-bit floats have explicit-SIMD loops ([`crate::vmath::div_store_chunks`]).
-    /// `narrow` ([`Scalar::NARROW_EXP`] rows): the product `s[i] * rcp` alone.
+    /// `narrow` ([`Scalar::NARROW`] rows): the product `s[i] * rcp` alone.
     #[inline(always)]
     fn div_store_chunks(
         s: &[Self::C],
@@ -432,7 +471,7 @@ macro_rules! scalar_half {
                 Some(s.reinterpret_cast_mut())
             }
             const HALF_INF: u16 = <$t>::INFINITY.to_bits();
-            const NARROW_EXP: bool = true;
+            const NARROW: bool = true;
             #[inline(always)]
             fn exp_diff_chunks(
                 s: &[Self],

@@ -433,14 +433,16 @@ fn scale_cpu(ctx: &mut KernelCtx) -> Result<()> {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_C: f64 = 0.044715;
 
+/// gelu of one element; `narrow`: to a 16-bit float result's precision ([`Scalar::NARROW`]).
 #[inline(always)]
-fn gelu_c<C: Real>(x: C, tanh: bool) -> C {
+fn gelu_c<C: Real>(x: C, tanh: bool, narrow: bool) -> C {
     // both forms avoid the cancellation of 1 + erf / 1 + tanh in the negative tail, which
     // lost every digit of gelu's tiny negative values (issue 23); see `Real::gelu_tanh`
-    if tanh {
-        x.gelu_tanh()
-    } else {
-        x.gelu_erf()
+    match (tanh, narrow) {
+        (true, false) => x.gelu_tanh(),
+        (true, true) => x.gelu_tanh_narrow(),
+        (false, false) => x.gelu_erf(),
+        (false, true) => x.gelu_erf_narrow(),
     }
 }
 
@@ -477,20 +479,20 @@ where
     if tanh {
         unary_blocks::<T>(
             ctx,
-            |v| gelu_c(v, true),
+            |v| gelu_c(v, true, T::NARROW),
             // (a closure inlined into `with_simd`'s body: passed as a bare function path it was
             // compiled outside it, for the baseline, 35x slower)
             #[allow(clippy::redundant_closure)]
             #[inline(always)]
-            |s, d| T::C::gelu_tanh_slice(s, d),
+            |s, d| T::C::gelu_tanh_slice(s, d, T::NARROW),
         )
     } else {
         unary_blocks::<T>(
             ctx,
-            |v| gelu_c(v, false),
+            |v| gelu_c(v, false, T::NARROW),
             #[allow(clippy::redundant_closure)]
             #[inline(always)]
-            |s, d| T::C::gelu_erf_slice(s, d),
+            |s, d| T::C::gelu_erf_slice(s, d, T::NARROW),
         )
     }
 }

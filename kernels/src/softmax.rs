@@ -160,7 +160,7 @@ where
                                     (None, None)
                                 };
                                 if let (Some(src), Some(dst)) = (src, dst) {
-                                    softmax_row(src, dst, next_row(lane), T::NARROW_EXP);
+                                    softmax_row(src, dst, next_row(lane), T::NARROW);
                                 } else if direct {
                                     // a contiguous half-type lane: converted as it is read
                                     softmax_row_converted::<T::C, T>(
@@ -174,7 +174,7 @@ where
                                     );
                                 } else {
                                     load_strided(p, lin.base(lane), lin.stride, buf);
-                                    softmax_row(buf, obuf, NextRow::NONE, T::NARROW_EXP);
+                                    softmax_row(buf, obuf, NextRow::NONE, T::NARROW);
                                     store_strided(o, lout.base(lane), lout.stride, obuf);
                                 }
                             }
@@ -253,7 +253,7 @@ fn softmax_row<C: Real>(src: &[C], dst: &mut [C], next: NextRow, narrow: bool) {
 /// they go): the maximum, then the exponentials into `dst` and their sum. Returns the sum, and
 /// whether the row took the fast path (a finite maximum, no NaN). `narrow`: a 16-bit float
 /// row (converted to `C` or not), whose exponentials take the short formula
-/// ([`Scalar::NARROW_EXP`]).
+/// ([`Scalar::NARROW`]).
 #[inline(always)]
 fn exp_row<C: Real, S: Scalar<C = C>>(
     src: &[S],
@@ -293,10 +293,10 @@ fn softmax_row_converted<C: Real, T: Scalar<C = C>>(
     buf: &mut [C],
     next: NextRow,
 ) {
-    let (sum, fast) = exp_row(src, buf, next, T::NARROW_EXP);
+    let (sum, fast) = exp_row(src, buf, next, T::NARROW);
     // (the division and the conversion in one loop where the CPU allows; the rest in blocks)
     let done = if fast {
-        T::div_store_chunks(buf, sum, C::ONE / sum, dst, T::NARROW_EXP) * ACC
+        T::div_store_chunks(buf, sum, C::ONE / sum, dst, T::NARROW) * ACC
     } else {
         0
     };
@@ -304,7 +304,7 @@ fn softmax_row_converted<C: Real, T: Scalar<C = C>>(
         .chunks_mut(CONVERT_BLOCK)
         .zip(dst[done..].chunks_mut(CONVERT_BLOCK))
     {
-        div_by_sum(b, sum, fast, T::NARROW_EXP);
+        div_by_sum(b, sum, fast, T::NARROW);
         T::store(b, d);
     }
 }
@@ -436,7 +436,7 @@ fn div_markstein<C: Real>(v: C, sum: C, rcp: C) -> C {
 /// sum)` plus one FMA correction (Markstein: with the reciprocal correctly rounded, the
 /// corrected quotient is the correctly rounded `v / sum` for normal results; within a
 /// subnormal ulp below), cheaper than a division; otherwise a plain division (NaN rows).
-/// A `narrow` row (a 16-bit float type, [`Scalar::NARROW_EXP`]) on the fast path takes the
+/// A `narrow` row (a 16-bit float type, [`Scalar::NARROW`]) on the fast path takes the
 /// product `v * (1 / sum)` alone: within 1.5 ulps of the compute type, which its rounding to
 /// the half type does not see.
 #[inline(always)]

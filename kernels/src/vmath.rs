@@ -1261,6 +1261,71 @@ pub fn gelu_erf_slice(src: &[f32], dst: &mut [f32]) {
     chunked_select(src, dst, GELU_MID, gelu_erf_mid, gelu_erf_f32)
 }
 
+/// The exponent's linear term in [`gelu_erf_narrow_mid`]: `h = a e^(-a^2/2 - GN_C a) S(a)`.
+const GN_C: f32 = 0.9;
+
+/// `0.5 erfcx(a / sqrt 2) e^(GN_C a)` for a in [0, 4] as a polynomial in `a - 2` (degree 8,
+/// relative error 7e-7 in f32 Horner with these coefficients, each rounded to f32 in turn and
+/// the rest refitted). A larger exponent factor than [`GM_S`]'s `e^(a/2)` flattens the
+/// function further: degree 8 does here what takes 12 there to float32's precision.
+const GN_S: [f32; 9] = [
+    1.016_958_2,
+    0.535_717_84,
+    0.199_208_42,
+    0.045_325_957,
+    0.009_363_097,
+    0.001_298_198_7,
+    2.030_898_5e-4,
+    1.598_563_5e-5,
+    4.032_685e-6,
+];
+
+/// gelu(x) for |x| <= [`GELU_MID`] to the precision a 16-bit float result keeps: with a =
+/// |x|, h = a e^s S(a), s = -a^2/2 - [`GN_C`] a rounded as is (|s| <= 11.6: 1.4e-6 relative in
+/// e^s), e^s by the short exponential of float16 softmax (5.5e-6), S of degree 8 ([`GN_S`],
+/// 7e-7); gelu(x) = x - h for x >= 0, -h for x < 0, as [`gelu_erf_mid`]. About 27 operations
+/// where that takes 45, relative error below 2^-16 (test `narrow_gelu_within_2_pow_minus_16`):
+/// a 32nd of a float16 ulp, so a result stays within 0.53 ulp of the exact value.
+#[inline(always)]
+fn gelu_erf_narrow_mid(x: f32) -> f32 {
+    let a = x.abs();
+    let s = a * a.mul_add(-0.5, -GN_C);
+    let e = exp_narrow_fast(s, 0.0);
+    let u = a - 2.0;
+    let mut sp = GN_S[8];
+    for &c in GN_S[..8].iter().rev() {
+        sp = sp.mul_add(u, c);
+    }
+    let h = a * sp * e;
+    // -0.0 >= 0: -0.0 - 0.0 = -0.0 keeps the sign of a zero
+    if x >= 0.0 {
+        x - h
+    } else {
+        -h
+    }
+}
+
+/// gelu(x) (erf form) for a 16-bit float type's values, computed in f32 to the precision their
+/// results keep: [`gelu_erf_narrow_mid`] for |x| <= [`GELU_MID`], [`gelu_erf_f32`] beyond (and
+/// for NaN and infinities); both computed and one selected, as in [`gelu_erf_f32`].
+#[inline(always)]
+pub fn gelu_erf_narrow(x: f32) -> f32 {
+    let mid = gelu_erf_narrow_mid(x);
+    let general = gelu_erf_f32(x);
+    if x.abs() <= GELU_MID {
+        mid
+    } else {
+        general
+    }
+}
+
+/// `dst[i] = gelu_erf_narrow(src[i])`, bitwise: chunks whose elements are all within
+/// [`GELU_MID`] compute only [`gelu_erf_narrow_mid`].
+#[inline(always)]
+pub fn gelu_erf_narrow_slice(src: &[f32], dst: &mut [f32]) {
+    chunked_select(src, dst, GELU_MID, gelu_erf_narrow_mid, gelu_erf_narrow)
+}
+
 /// 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715, each as an f32 pair hi + lo.
 const GT_A: (f32, f32) = (1.595_769_2, -4.534_068e-8);
 const GT_B: (f32, f32) = (7.135_481_4e-2, 2.398_832_5e-9);
@@ -1328,6 +1393,47 @@ pub fn gelu_tanh_slice(src: &[f32], dst: &mut [f32]) {
         GELU_TANH_MID,
         gelu_tanh_core::<true>,
         gelu_tanh_core::<false>,
+    )
+}
+
+/// gelu's tanh form for |x| <= [`GELU_TANH_MID`] to the precision a 16-bit float result
+/// keeps: [`gelu_tanh_f32`]'s formula (`x / (1 + e)` for w >= 0, `x e / (1 + e)` below, e =
+/// e^(-|w|)) with w = x (A + B x^2) rounded as is (three roundings, amplified by |w| in e:
+/// 8.8e-6 relative at |x| = 8, 3.4e-6 where a float16 result is not 0) and the short
+/// exponential of float16 softmax (5.5e-6). About 16 operations and the division where the
+/// float32 form takes 30; relative error below 2^-16 (test `narrow_gelu_within_2_pow_minus_16`).
+#[inline(always)]
+fn gelu_tanh_narrow_mid(x: f32) -> f32 {
+    let w = x * GT_B.0.mul_add(x * x, GT_A.0);
+    let e = exp_narrow_fast(-w.abs(), 0.0);
+    let d = 1.0 + e;
+    // -0.0: w = -0.0 >= 0, so -0.0 / 2 keeps the sign of a zero
+    (if w >= 0.0 { x } else { x * e }) / d
+}
+
+/// gelu(x) (tanh form) for a 16-bit float type's values, as [`gelu_erf_narrow`]:
+/// [`gelu_tanh_narrow_mid`] for |x| <= [`GELU_TANH_MID`], [`gelu_tanh_f32`] beyond.
+#[inline(always)]
+pub fn gelu_tanh_narrow(x: f32) -> f32 {
+    let mid = gelu_tanh_narrow_mid(x);
+    let general = gelu_tanh_f32(x);
+    if x.abs() <= GELU_TANH_MID {
+        mid
+    } else {
+        general
+    }
+}
+
+/// `dst[i] = gelu_tanh_narrow(src[i])`, bitwise: chunks whose elements are all within
+/// [`GELU_TANH_MID`] compute only [`gelu_tanh_narrow_mid`].
+#[inline(always)]
+pub fn gelu_tanh_narrow_slice(src: &[f32], dst: &mut [f32]) {
+    chunked_select(
+        src,
+        dst,
+        GELU_TANH_MID,
+        gelu_tanh_narrow_mid,
+        gelu_tanh_narrow,
     )
 }
 
@@ -1419,6 +1525,76 @@ mod tests {
         // gradual underflow: e^-100 = 3.7e-44 is a subnormal, not 0
         let (g, w) = (exp_diff_f32(-100.0, 0.0), (-100f64).exp());
         assert!(g > 0.0 && ulps(g, w) <= 0.5, "e^-100 = {g:e}");
+    }
+
+    /// gelu's short forms for 16-bit float values ([`gelu_erf_narrow`], [`gelu_tanh_narrow`])
+    /// against f64, at every finite float16 and bfloat16 value: relative error below 2^-16
+    /// (a 32nd of a float16 ulp, 2^-10 of its binade) wherever the result is a normal float32
+    /// far from underflow, and float32's bits beyond the short forms' ranges; the slices give
+    /// the per-element bits. A wrong coefficient, a dropped term or a wrong sign is off by
+    /// 2^-12 or more.
+    #[test]
+    fn narrow_gelu_within_2_pow_minus_16() {
+        let values: Vec<f32> = (0..=u16::MAX)
+            .flat_map(|b| {
+                [
+                    half::f16::from_bits(b).to_f32(),
+                    half::bf16::from_bits(b).to_f32(),
+                ]
+            })
+            .filter(|v| v.is_finite())
+            .collect();
+        type Forms = (fn(f32) -> f32, fn(f32) -> f32, fn(f64) -> f64, f32);
+        let forms: [(&str, Forms); 2] = [
+            (
+                "erf",
+                (gelu_erf_narrow, gelu_erf_f32, gelu_erf_ref, GELU_MID),
+            ),
+            (
+                "tanh",
+                (
+                    gelu_tanh_narrow,
+                    gelu_tanh_f32,
+                    gelu_tanh_ref,
+                    GELU_TANH_MID,
+                ),
+            ),
+        ];
+        for (name, (narrow, wide, reference, bound)) in forms {
+            let (mut worst, mut at) = (0f64, 0f32);
+            for &x in &values {
+                let got = narrow(x);
+                if x.abs() > bound {
+                    assert_eq!(got.to_bits(), wide(x).to_bits(), "gelu {name} ({x})");
+                    continue;
+                }
+                let want = reference(x as f64);
+                if want.abs() < f32::MIN_POSITIVE as f64 * 1024.0 {
+                    // (results near float32's underflow, where its subnormals' absolute
+                    // steps of 2^-149 take over; bfloat16 keeps 2^-133 there)
+                    let err = (got as f64 - want).abs();
+                    assert!(
+                        err <= want.abs() * 2f64.powi(-16) + 2f64.powi(-147),
+                        "gelu {name} ({x})"
+                    );
+                    continue;
+                }
+                let rel = (got as f64 / want - 1.0).abs();
+                if rel > worst {
+                    (worst, at) = (rel, x);
+                }
+            }
+            assert!(worst < 2f64.powi(-16), "gelu {name}: {worst:e} at {at}");
+            let mut d = vec![0f32; values.len()];
+            if name == "erf" {
+                gelu_erf_narrow_slice(&values, &mut d);
+            } else {
+                gelu_tanh_narrow_slice(&values, &mut d);
+            }
+            for (&x, &y) in values.iter().zip(&d) {
+                assert_eq!(y.to_bits(), narrow(x).to_bits(), "gelu {name} slice ({x})");
+            }
+        }
     }
 
     #[test]
