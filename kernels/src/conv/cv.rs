@@ -258,6 +258,131 @@ unsafe fn unpack_out(
     }
 }
 
+/// `out[k]` = column k of the 16 x 16 matrix whose rows are `rows` (64 shuffles: pairs of
+/// rows interleaved, then 4 x 4 blocks within each 128-bit lane, then the lanes twice).
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(rows: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // a[2i], a[2i + 1]: rows 2i and 2i + 1 interleaved, per 128-bit lane (elements 0, 1 / 2, 3)
+    let a: [__m512; 16] = std::array::from_fn(|j| {
+        let (x, y) = (rows[j & !1], rows[j | 1]);
+        if j % 2 == 0 {
+            _mm512_unpacklo_ps(x, y)
+        } else {
+            _mm512_unpackhi_ps(x, y)
+        }
+    });
+    // b[4i + k]: in each 128-bit lane L, rows 4i..4i + 4 of column 4L + k
+    let b: [__m512; 16] = std::array::from_fn(|j| {
+        let (i, k) = (j / 4, j % 4);
+        let (x, y) = (a[4 * i + k / 2], a[4 * i + 2 + k / 2]);
+        if k % 2 == 0 {
+            _mm512_shuffle_ps::<0x44>(x, y)
+        } else {
+            _mm512_shuffle_ps::<0xEE>(x, y)
+        }
+    });
+    // c[k] / c[4 + k]: lanes (0, 2) / (1, 3) of b[k] and b[4 + k]; d likewise of b[8 + k] and
+    // b[12 + k]
+    let c: [__m512; 8] = std::array::from_fn(|j| {
+        let k = j % 4;
+        if j < 4 {
+            _mm512_shuffle_f32x4::<0x88>(b[k], b[4 + k])
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(b[k], b[4 + k])
+        }
+    });
+    let d: [__m512; 8] = std::array::from_fn(|j| {
+        let k = j % 4;
+        if j < 4 {
+            _mm512_shuffle_f32x4::<0x88>(b[8 + k], b[12 + k])
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(b[8 + k], b[12 + k])
+        }
+    });
+    // column 4L + k: lane L of b[k], b[4 + k], b[8 + k], b[12 + k]
+    std::array::from_fn(|col| {
+        let (l, k) = (col / 4, col % 4);
+        let (x, y) = (c[4 * (l % 2) + k], d[4 * (l % 2) + k]);
+        if l < 2 {
+            _mm512_shuffle_f32x4::<0x88>(x, y)
+        } else {
+            _mm512_shuffle_f32x4::<0xDD>(x, y)
+        }
+    })
+}
+
+/// [`unpack_out`] in AVX-512, 16 positions x 16 channels a transpose, each channel's 16
+/// positions one (masked) store: one thread, a 3 -> 64 7x7 stride-2 stem spent a sixth of
+/// its time in the AVX2 unpacking (8 x 8 blocks, a store of half a line each).
+///
+/// # Safety
+/// The CPU supports AVX-512F; `scratch` holds `npos` rounded up to 16 rows; `cw` is a multiple
+/// of 16; rows `i < ocn <= cw` of `out` are valid for `npos` writes that no other thread
+/// touches.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn unpack_out512(
+    scratch: &[f32],
+    cw: usize,
+    npos: usize,
+    ocn: usize,
+    out: *mut f32,
+    ld: usize,
+    relu: bool,
+) {
+    use std::arch::x86_64::*;
+    let zero = _mm512_setzero_ps();
+    for i0 in (0..ocn).step_by(16) {
+        for q0 in (0..npos).step_by(16) {
+            // lanes j < n of a row's last, partial 16 (masked-off lanes are neither written
+            // nor faulted on)
+            let keep: __mmask16 = (((1u32 << 16.min(npos - q0)) - 1) & 0xFFFF) as __mmask16;
+            let rows = std::array::from_fn(|r| {
+                // SAFETY: row q0 + r < npos rounded up to 16, 16 floats from i0 + 16 <= cw.
+                unsafe { _mm512_loadu_ps(scratch[(q0 + r) * cw + i0..][..16].as_ptr()) }
+            });
+            let cols = transpose16(rows);
+            for (k, &v) in cols.iter().enumerate().take(ocn - i0) {
+                let v = if relu { _mm512_max_ps(zero, v) } else { v };
+                // SAFETY: row i0 + k < ocn of out, positions q0..q0 + 16 masked to npos
+                // (caller).
+                unsafe { _mm512_mask_storeu_ps(out.add((i0 + k) * ld + q0), keep, v) };
+            }
+        }
+    }
+}
+
+/// Rows `0..nrows` of the channel-minor scratch (`[position][cw]`, `cw` a multiple of 16) set
+/// to the panel's biases `bias` (`ocn <= cw` of them, the rest 0), in AVX-512 stores (the
+/// copy per position, compiled outside any SIMD level, was 16-byte moves: most of a 7x7
+/// stem's time outside the tiles and the unpacking).
+///
+/// # Safety
+/// The CPU supports AVX-512F; `scratch` holds `nrows * cw` floats, `bias` `ocn`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fill_bias512(scratch: &mut [f32], cw: usize, nrows: usize, bias: &[f32], ocn: usize) {
+    use std::arch::x86_64::*;
+    let mut v = [_mm512_setzero_ps(); CV512X4 / 16];
+    for (i, v) in v.iter_mut().enumerate().take(cw / 16) {
+        let n = ocn.saturating_sub(16 * i).min(16);
+        let m = (((1u32 << n) - 1) & 0xFFFF) as __mmask16;
+        // SAFETY: lanes below n read bias[16 i..16 i + n] (< ocn); the rest are masked off.
+        *v = unsafe { _mm512_maskz_loadu_ps(m, bias.as_ptr().wrapping_add(16 * i)) };
+    }
+    for row in scratch[..nrows * cw].chunks_exact_mut(cw) {
+        for (i, &v) in v.iter().enumerate().take(cw / 16) {
+            // SAFETY: 16 floats at 16 i of a row of cw.
+            unsafe { _mm512_storeu_ps(row[16 * i..][..16].as_mut_ptr(), v) };
+        }
+    }
+}
+
 /// One tap of a two-vector tile in registers `$r` (`"ymm"` or `"zmm"`): the tap's offset
 /// from `tab + $t`, the two weight vectors at `w + $w0` and `w + $w1` (names of the tile's
 /// offset operands), then each position's value broadcast and multiplied into its two
@@ -775,10 +900,20 @@ pub(super) fn cv_f32(
                         let ocn = cw.min(og - pi * cw);
                         // (`copy_short`: a `memcpy` call per position was a twentieth of a
                         // 16 -> 64 3x3 layer's time at 55x55)
-                        for q in 0..npos.div_ceil(CP) * CP {
-                            let row = &mut scratch[q * cw..][..cw];
-                            copy_short(&mut row[..ocn], &bc[oc0..oc0 + ocn]);
-                            row[ocn..].fill(0.0);
+                        let nrows = npos.div_ceil(CP) * CP;
+                        if cw % 16 == 0 && simd_level() == SimdLevel::Avx512 {
+                            // SAFETY: AVX-512F (the level); the scratch holds npos rounded up to
+                            // CP * 8 rows >= nrows, and bc from oc0 holds ocn biases.
+                            #[cfg(target_arch = "x86_64")]
+                            unsafe {
+                                fill_bias512(scratch, cw, nrows, &bc[oc0..oc0 + ocn], ocn)
+                            };
+                        } else {
+                            for q in 0..nrows {
+                                let row = &mut scratch[q * cw..][..cw];
+                                copy_short(&mut row[..ocn], &bc[oc0..oc0 + ocn]);
+                                row[ocn..].fill(0.0);
+                            }
                         }
                         for c0 in (0..cg).step_by(nc) {
                             let ncc = nc.min(cg - c0);
@@ -846,7 +981,14 @@ pub(super) fn cv_f32(
                         // output, and only this task's (its panels, its rows).
                         #[cfg(target_arch = "x86_64")]
                         unsafe {
-                            unpack_out(scratch, cw, npos, ocn, op.ptr().add(at0), pos, relu)
+                            let out = op.ptr().add(at0);
+                            if cw % 16 == 0 && simd_level() == SimdLevel::Avx512 {
+                                // (AVX-512F: the level; npos rounded up to CP * 8 = 48 rows is
+                                // a multiple of 16)
+                                unpack_out512(scratch, cw, npos, ocn, out, pos, relu)
+                            } else {
+                                unpack_out(scratch, cw, npos, ocn, out, pos, relu)
+                            }
                         };
                         if let Some(steps) = epi {
                             for i in 0..ocn {
