@@ -901,7 +901,7 @@ pub(super) fn cv_f32(
                         // (`copy_short`: a `memcpy` call per position was a twentieth of a
                         // 16 -> 64 3x3 layer's time at 55x55)
                         let nrows = npos.div_ceil(CP) * CP;
-                        if cw % 16 == 0 && simd_level() == SimdLevel::Avx512 {
+                        if cw.is_multiple_of(16) && simd_level() == SimdLevel::Avx512 {
                             // SAFETY: AVX-512F (the level); the scratch holds npos rounded up to
                             // CP * 8 rows >= nrows, and bc from oc0 holds ocn biases.
                             #[cfg(target_arch = "x86_64")]
@@ -982,7 +982,7 @@ pub(super) fn cv_f32(
                         #[cfg(target_arch = "x86_64")]
                         unsafe {
                             let out = op.ptr().add(at0);
-                            if cw % 16 == 0 && simd_level() == SimdLevel::Avx512 {
+                            if cw.is_multiple_of(16) && simd_level() == SimdLevel::Avx512 {
                                 // (AVX-512F: the level; npos rounded up to CP * 8 = 48 rows is
                                 // a multiple of 16)
                                 unpack_out512(scratch, cw, npos, ocn, out, pos, relu)
