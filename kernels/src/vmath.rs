@@ -1197,12 +1197,19 @@ fn gelu_erf_tail(x: f32) -> f32 {
 /// for chunks with no tail element and give the same bits.
 #[inline(always)]
 pub fn gelu_erf_f32(x: f32) -> f32 {
-    let mid = gelu_erf_mid(x);
-    let tail = gelu_erf_tail(x);
-    if x.abs() <= GELU_MID {
-        mid
+    by_range(x, GELU_MID, gelu_erf_mid, gelu_erf_tail)
+}
+
+/// `mid(x)` for |x| <= `bound`, `general(x)` beyond (and for NaN): both computed and one
+/// selected, without a branch, so that it vectorises and a chunk whose elements are all within
+/// `bound` may compute `mid` alone for the same bits ([`chunked_select`]).
+#[inline(always)]
+fn by_range(x: f32, bound: f32, mid: impl Fn(f32) -> f32, general: impl Fn(f32) -> f32) -> f32 {
+    let (m, g) = (mid(x), general(x));
+    if x.abs() <= bound {
+        m
     } else {
-        tail
+        g
     }
 }
 
@@ -1310,13 +1317,7 @@ fn gelu_erf_narrow_mid(x: f32) -> f32 {
 /// for NaN and infinities); both computed and one selected, as in [`gelu_erf_f32`].
 #[inline(always)]
 pub fn gelu_erf_narrow(x: f32) -> f32 {
-    let mid = gelu_erf_narrow_mid(x);
-    let general = gelu_erf_f32(x);
-    if x.abs() <= GELU_MID {
-        mid
-    } else {
-        general
-    }
+    by_range(x, GELU_MID, gelu_erf_narrow_mid, gelu_erf_f32)
 }
 
 /// `dst[i] = gelu_erf_narrow(src[i])`, bitwise: chunks whose elements are all within
@@ -1415,13 +1416,7 @@ fn gelu_tanh_narrow_mid(x: f32) -> f32 {
 /// [`gelu_tanh_narrow_mid`] for |x| <= [`GELU_TANH_MID`], [`gelu_tanh_f32`] beyond.
 #[inline(always)]
 pub fn gelu_tanh_narrow(x: f32) -> f32 {
-    let mid = gelu_tanh_narrow_mid(x);
-    let general = gelu_tanh_f32(x);
-    if x.abs() <= GELU_TANH_MID {
-        mid
-    } else {
-        general
-    }
+    by_range(x, GELU_TANH_MID, gelu_tanh_narrow_mid, gelu_tanh_f32)
 }
 
 /// `dst[i] = gelu_tanh_narrow(src[i])`, bitwise: chunks whose elements are all within
