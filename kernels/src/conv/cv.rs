@@ -855,6 +855,9 @@ pub(super) fn cv_f32(
     let lo = g.pl.min(ws);
     let hi = (g.pl + g.w).min(ws);
     let scratch_len = (max_rows * g.ow).div_ceil(CP * 8) * CP * 8 * cw;
+    // the scratch's bias rows and its unpacking in AVX-512 (`fill_bias512`, `unpack_out512`):
+    // panels of 32 or 64 channels, at the level that chose them
+    let wide = cw.is_multiple_of(16) && simd_level() == SimdLevel::Avx512;
     parallel_for(pool, split.tasks, 1, |range| {
         // (a fresh slab and scratch per call cost page faults and zeroing: a 128 -> 32 1x1
         // layer at 27x27 took 0.14 ms instead of 0.08; every value read is written first)
@@ -901,8 +904,8 @@ pub(super) fn cv_f32(
                         // (`copy_short`: a `memcpy` call per position was a twentieth of a
                         // 16 -> 64 3x3 layer's time at 55x55)
                         let nrows = npos.div_ceil(CP) * CP;
-                        if cw.is_multiple_of(16) && simd_level() == SimdLevel::Avx512 {
-                            // SAFETY: AVX-512F (the level); the scratch holds npos rounded up to
+                        if wide {
+                            // SAFETY: AVX-512F (`wide`: the level); the scratch holds npos rounded up to
                             // CP * 8 rows >= nrows, and bc from oc0 holds ocn biases.
                             #[cfg(target_arch = "x86_64")]
                             unsafe {
@@ -982,8 +985,8 @@ pub(super) fn cv_f32(
                         #[cfg(target_arch = "x86_64")]
                         unsafe {
                             let out = op.ptr().add(at0);
-                            if cw.is_multiple_of(16) && simd_level() == SimdLevel::Avx512 {
-                                // (AVX-512F: the level; npos rounded up to CP * 8 = 48 rows is
+                            if wide {
+                                // (AVX-512F: `wide`; npos rounded up to CP * 8 = 48 rows is
                                 // a multiple of 16)
                                 unpack_out512(scratch, cw, npos, ocn, out, pos, relu)
                             } else {
