@@ -41,7 +41,9 @@ MODELS = ["squeezenet", "shufflenet", "resnet50", "inception_v1", "inception_v2"
           "bvlc_alexnet", "zfnet512", "vgg19"]
 QUICK_MODELS = ["squeezenet", "shufflenet", "resnet50"]
 EP = "PolyopExecutionProvider"
-THREADS = 2
+#: Intra-op threads of both sessions; `EP_BENCH_THREADS=1` for one (the per-node split of
+#: `bench/ep_nodes.py` without the threads' hand-offs).
+THREADS = int(os.environ.get("EP_BENCH_THREADS", "2"))
 #: Seconds between one session's batch of runs and the other's. Each session has its own
 #: intra-op pool, whose threads spin for a while after a run: without a pause, the session
 #: timed next shared the cores with them (a chain of six 1x1 convolutions ran 1.8x slower

@@ -972,6 +972,45 @@ fn prefetch_hint<const HINT: i32, T>(p: *const T, n: usize) {
     }
 }
 
+/// Whether the CPU has `prefetchw` (CPUID 0x8000_0001, ECX bit 8: PRFCHW), read once.
+#[cfg(target_arch = "x86_64")]
+fn has_prefetchw() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::x86_64::__cpuid(0x8000_0001).ecx >> 8 & 1 == 1
+            && std::env::var_os("NOPFW").is_none()
+    })
+}
+
+/// Ask the CPU to bring the first (at most 8 KiB) of the `n` elements at `p` into L1 in the
+/// exclusive state (`prefetchw`), for lines a kernel is about to write: the store then finds
+/// its line owned instead of waiting on a read-for-ownership. A hint with no effect on
+/// results; nothing on CPUs without the instruction.
+#[inline(always)]
+pub fn prefetch_write<T>(p: *mut T, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if has_prefetchw() {
+        let bytes = (n * std::mem::size_of::<T>()).min(8192);
+        let p = p as *const u8;
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: `prefetchw` (present: checked above) never faults and changes no
+            // architectural state, whatever the address (wrapping_add keeps the address
+            // computation free of UB); it touches no stack or flags.
+            unsafe {
+                std::arch::asm!(
+                    "prefetchw [{0}]",
+                    in(reg) p.wrapping_add(off),
+                    options(nostack, preserves_flags, readonly)
+                )
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, n);
+}
+
 /// How far ahead of its position a streaming loop prefetches its inputs and its output, in
 /// bytes. In ONNX Runtime, gelu over 16M floats ran 1.7x faster with it (one thread and two;
 /// 2, 4 and 8 KiB ahead alike) and softmax's long rows a third faster: the hardware

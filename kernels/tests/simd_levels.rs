@@ -240,7 +240,7 @@ fn rng_ints(v: &[f64]) -> Vec<f64> {
 #[test]
 fn conv2d_paths_same_bits_at_every_level_packed_or_not() {
     // (channels, height, width, outputs, kernel, stride, padding, groups)
-    let cases: [[usize; 8]; 12] = [
+    let cases: [[usize; 8]; 13] = [
         [40, 7, 7, 20, 1, 1, 0, 1],   // 49 positions: a tile of 32 and one of 17
         [24, 3, 11, 50, 1, 1, 0, 1],  // 33: a tail of one, 9 panels
         [16, 2, 17, 100, 1, 1, 0, 1], // 34: a tail of two, 17 panels (packed B)
@@ -253,6 +253,7 @@ fn conv2d_paths_same_bits_at_every_level_packed_or_not() {
         [20, 6, 7, 112, 3, 1, 1, 1],  // channel panels 64 + 48 on AVX-512, three passes
         [128, 5, 5, 128, 3, 1, 1, 2], // two groups of 64 output channels, nine passes
         [3, 15, 17, 20, 3, 2, 1, 1],  // 27 kernel rows: an im2col stem on the tiles
+        [20, 11, 12, 40, 3, 1, 1, 1], // prepacked: 3 chunks of positions (the last part-full), 2 passes each
     ];
     let conv = polyop_kernels::registry().lookup("conv2d").unwrap();
     let relu = match polyop_kernels::registry().lookup("relu").unwrap().epilogue {

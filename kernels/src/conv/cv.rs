@@ -12,7 +12,9 @@
 //! the bits do not change.
 
 use super::{simd_level, split_work, Geom, OutPtr, SimdLevel, SLAB_FLOATS};
-use crate::common::{copy_short, has_avx2_fma, has_avx512, prefetch_l2, with_scratch};
+use crate::common::{
+    copy_short, has_avx2_fma, has_avx512, prefetch_l2, prefetch_write, with_scratch,
+};
 use crate::elementwise::split_leading_relu;
 use kernel_core::{parallel_for, Epilogue};
 
@@ -800,6 +802,17 @@ unsafe fn tile512x4(
     }
 }
 
+/// Output positions per chunk of a block with prepacked weights ([`cv_f32`]): eight tiles,
+/// whose partial sums (`CHUNK x` the panel width: 12 KiB at 64 channels) stay in L1 through
+/// every channel pass; a multiple of 16, the AVX-512 unpacking's transpose.
+const CHUNK: usize = CP * 8;
+
+/// Channel passes up to which a block goes chunk by chunk ([`CHUNK`]): each chunk reads every
+/// pass's weights again, from L2, which repays itself only while the passes are few (one
+/// thread: 16 -> 64 3x3 at 55x55, 3 passes, 400 -> 362 us; 64 -> 64 3x3 at 56x56, 10 passes,
+/// 1287 -> 1350).
+const CHUNK_PASSES: usize = 3;
+
 /// Output positions a block holds at least (where the layer has them).
 const MIN_BLOCK: usize = 192;
 
@@ -901,106 +914,157 @@ pub(super) fn cv_f32(
                     for pi in panel_range.clone() {
                         let oc0 = grp * og + pi * cw;
                         let ocn = cw.min(og - pi * cw);
-                        // (`copy_short`: a `memcpy` call per position was a twentieth of a
-                        // 16 -> 64 3x3 layer's time at 55x55)
-                        let nrows = npos.div_ceil(CP) * CP;
-                        if wide {
-                            // SAFETY: AVX-512F (`wide`: the level); the scratch holds npos rounded up to
-                            // CP * 8 rows >= nrows, and bc from oc0 holds ocn biases.
-                            #[cfg(target_arch = "x86_64")]
-                            unsafe {
-                                fill_bias512(scratch, cw, nrows, &bc[oc0..oc0 + ocn], ocn)
-                            };
+                        // With prepacked weights the block goes a chunk of CHUNK positions
+                        // at a time through every channel pass, then into the output: the
+                        // chunk's partial sums (CHUNK x cw floats) stay in L1 from the bias
+                        // to the unpacking, where the block's whole scratch went through L2
+                        // once per pass, its bias fill and its unpacking. (Weights packed now
+                        // would be packed again per chunk: that path keeps one chunk, the
+                        // block.) Each output's chain is the same: bias, then the passes in
+                        // order.
+                        let chunk = if prepacked.is_some() && cg.div_ceil(nc) <= CHUNK_PASSES {
+                            CHUNK
                         } else {
-                            for q in 0..nrows {
-                                let row = &mut scratch[q * cw..][..cw];
-                                copy_short(&mut row[..ocn], &bc[oc0..oc0 + ocn]);
-                                row[ocn..].fill(0.0);
-                            }
-                        }
-                        for c0 in (0..cg).step_by(nc) {
-                            let ncc = nc.min(cg - c0);
-                            // the pass's weights: prepacked (the panel's taps from c0 * kk
-                            // on), or packed now into `wbuf`
-                            let wp = match prepacked {
-                                Some(pw) => pw[((grp * panels + pi) * cg + c0) * kk * cw..]
-                                    [..ncc * kk * cw]
-                                    .as_ptr(),
-                                None => {
-                                    // SAFETY: AVX2 (`cv_applies`); oc0 + ocn <= o, c0 + ncc <=
-                                    // cg, wbuf holds kk * nc * cw.
-                                    #[cfg(target_arch = "x86_64")]
-                                    unsafe {
-                                        pack_panel((kk, g.ckk(), cw), wc, oc0, ocn, c0, ncc, wbuf)
-                                    };
-                                    wbuf.as_ptr()
-                                }
-                            };
-                            // Prepacked, the next pass's weights (the next channels', or
-                            // the next panel's first) follow this pass's: a share of them is
-                            // prefetched with each tile, so that the next pass does not wait on
-                            // memory for its first tile's weights (a model's weights do not
-                            // stay in cache from one run to the next).
-                            let next_w = prepacked.filter(|_| super::weight_prefetch()).map(|pw| {
-                                let at = ((grp * panels + pi) * cg + c0 + ncc) * kk * cw;
-                                let len = pw.len().saturating_sub(at).min(nc * kk * cw);
-                                (
-                                    pw[at.min(pw.len())..].as_ptr(),
-                                    len.div_ceil(npos.div_ceil(CP)),
-                                )
-                            });
-                            for t0 in (0..npos).step_by(CP) {
-                                if let Some((w, share)) = next_w {
-                                    prefetch_l2(w.wrapping_add(t0 / CP * share), share);
-                                }
-                                let p: [*const f32; CP] = std::array::from_fn(|j| {
-                                    slab[c0 * cs + offs[(t0 + j).min(npos - 1)]..].as_ptr()
-                                });
-                                // SAFETY: scratch rows t0..t0 + CP exist (its length is npos
-                                // rounded up to CP rows); the panel's weights for channels c0..c0
-                                // + ncc are kk * ncc * cw floats at wp (in wbuf, or a
-                                // bounds-checked slice of the prepacked panel); tab has nc * kk >= ncc
-                                // * kk entries; position j's tap (c0 + c, ki, kj) reads the slab
-                                // at (c0 + c) * cs + (its row * sh + ki * dh) * ws + its column *
-                                // sw + kj * dw: a row < rin and a column < ws, inside the block's
-                                // cg * cs values; the CPU has AVX2 and FMA, and AVX-512F where
-                                // `panel_width` chose CV512 or CV512X4 (checked above).
+                            npos
+                        };
+                        for q0 in (0..npos).step_by(chunk) {
+                            let qn = chunk.min(npos - q0);
+                            // (`copy_short`: a `memcpy` call per position was a twentieth of
+                            // a 16 -> 64 3x3 layer's time at 55x55)
+                            let nrows = qn.div_ceil(CP) * CP;
+                            if wide {
+                                // SAFETY: AVX-512F (`wide`: the level); the scratch holds npos
+                                // rounded up to CP * 8 rows >= nrows, and bc from oc0 holds
+                                // ocn biases.
                                 #[cfg(target_arch = "x86_64")]
                                 unsafe {
-                                    let acc = scratch[t0 * cw..].as_mut_ptr();
-                                    if cw == CV512X4 {
-                                        tile512x4(kk * ncc, wp, tab.as_ptr(), &p, acc)
-                                    } else if cw == CV512 {
-                                        tile512(kk * ncc, wp, tab.as_ptr(), &p, acc)
-                                    } else {
-                                        tile(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                    fill_bias512(scratch, cw, nrows, &bc[oc0..oc0 + ocn], ocn)
+                                };
+                            } else {
+                                for q in 0..nrows {
+                                    let row = &mut scratch[q * cw..][..cw];
+                                    copy_short(&mut row[..ocn], &bc[oc0..oc0 + ocn]);
+                                    row[ocn..].fill(0.0);
+                                }
+                            }
+                            for c0 in (0..cg).step_by(nc) {
+                                let ncc = nc.min(cg - c0);
+                                // the pass's weights: prepacked (the panel's taps from c0 *
+                                // kk on), or packed now into `wbuf`
+                                let wp = match prepacked {
+                                    Some(pw) => pw[((grp * panels + pi) * cg + c0) * kk * cw..]
+                                        [..ncc * kk * cw]
+                                        .as_ptr(),
+                                    None => {
+                                        // SAFETY: AVX2 (`cv_applies`); oc0 + ocn <= o, c0 +
+                                        // ncc <= cg, wbuf holds kk * nc * cw.
+                                        #[cfg(target_arch = "x86_64")]
+                                        unsafe {
+                                            pack_panel(
+                                                (kk, g.ckk(), cw),
+                                                wc,
+                                                oc0,
+                                                ocn,
+                                                c0,
+                                                ncc,
+                                                wbuf,
+                                            )
+                                        };
+                                        wbuf.as_ptr()
                                     }
                                 };
+                                // Prepacked, the next pass's weights (the next channels', or
+                                // the next panel's first) follow this pass's: a share of them
+                                // is prefetched with each tile of the first chunk, so that the
+                                // next pass does not wait on memory for its first tile's
+                                // weights (a model's weights do not stay in cache from one run
+                                // to the next; later chunks find them in L2).
+                                let next_w = prepacked
+                                    .filter(|_| q0 == 0 && super::weight_prefetch())
+                                    .map(|pw| {
+                                        let at = ((grp * panels + pi) * cg + c0 + ncc) * kk * cw;
+                                        let len = pw.len().saturating_sub(at).min(nc * kk * cw);
+                                        (
+                                            pw[at.min(pw.len())..].as_ptr(),
+                                            len.div_ceil(qn.div_ceil(CP)),
+                                        )
+                                    });
+                                // The output lines the next chunk unpacks into, fetched
+                                // for writing during this chunk's first pass, a share of
+                                // the rows with each tile: inside a model they are cold,
+                                // and the unpacking's stores to 16 rows at a time waited on
+                                // each line (one thread, 16 -> 64 3x3 at 55x55 with the
+                                // caches flushed before each call: 437 -> 365 us, a 3 ->
+                                // 64 7x7 stride-2 stem 1810 -> 1495).
+                                let next_out = (c0 == 0 && q0 + qn < npos).then(|| {
+                                    let nq = chunk.min(npos - q0 - qn);
+                                    let at = (img * g.o + oc0) * pos + oh0 * g.ow + q0 + qn;
+                                    (at, nq, ocn.div_ceil(qn.div_ceil(CP)))
+                                });
+                                for t0 in (q0..q0 + qn).step_by(CP) {
+                                    if let Some((w, share)) = next_w {
+                                        prefetch_l2(w.wrapping_add((t0 - q0) / CP * share), share);
+                                    }
+                                    if let Some((at, nq, share)) = next_out {
+                                        let r0 = (t0 - q0) / CP * share;
+                                        for r in r0..(r0 + share).min(ocn) {
+                                            // (a hint: never dereferenced, the address kept
+                                            // in bounds by `wrapping_add`)
+                                            prefetch_write(op.ptr().wrapping_add(at + r * pos), nq);
+                                        }
+                                    }
+                                    let p: [*const f32; CP] = std::array::from_fn(|j| {
+                                        slab[c0 * cs + offs[(t0 + j).min(npos - 1)]..].as_ptr()
+                                    });
+                                    // SAFETY: scratch rows t0 - q0..t0 - q0 + CP exist (its
+                                    // length is npos rounded up to CP * 8 rows, and a chunk
+                                    // is at most npos); the panel's weights for channels
+                                    // c0..c0 + ncc are kk * ncc * cw floats at wp (in wbuf,
+                                    // or a bounds-checked slice of the prepacked panel); tab
+                                    // has nc * kk >= ncc * kk entries; position j's tap (c0 +
+                                    // c, ki, kj) reads the slab at (c0 + c) * cs + (its row *
+                                    // sh + ki * dh) * ws + its column * sw + kj * dw: a row <
+                                    // rin and a column < ws, inside the block's cg * cs
+                                    // values; the CPU has AVX2 and FMA, and AVX-512F where
+                                    // `panel_width` chose CV512 or CV512X4 (checked above).
+                                    #[cfg(target_arch = "x86_64")]
+                                    unsafe {
+                                        let acc = scratch[(t0 - q0) * cw..].as_mut_ptr();
+                                        if cw == CV512X4 {
+                                            tile512x4(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                        } else if cw == CV512 {
+                                            tile512(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                        } else {
+                                            tile(kk * ncc, wp, tab.as_ptr(), &p, acc)
+                                        }
+                                    };
+                                }
                             }
-                        }
-                        let at0 = (img * g.o + oc0) * pos + oh0 * g.ow;
-                        // SAFETY: AVX2; scratch holds npos rounded up to CP * 8 rows; channels
-                        // oc0..oc0 + ocn <= o of image img, output rows oh0..oh1: inside the
-                        // output, and only this task's (its panels, its rows).
-                        #[cfg(target_arch = "x86_64")]
-                        unsafe {
-                            let out = op.ptr().add(at0);
-                            if wide {
-                                // (AVX-512F: `wide`; npos rounded up to CP * 8 = 48 rows is
-                                // a multiple of 16)
-                                unpack_out512(scratch, cw, npos, ocn, out, pos, relu)
-                            } else {
-                                unpack_out(scratch, cw, npos, ocn, out, pos, relu)
-                            }
-                        };
-                        if let Some(steps) = epi {
-                            for i in 0..ocn {
-                                let at = at0 + i * pos;
-                                // SAFETY: as for the unpacking.
-                                let out = unsafe {
-                                    std::slice::from_raw_parts_mut(op.ptr().add(at), npos)
-                                };
-                                Epilogue::apply_all(steps, out, at);
+                            let at0 = (img * g.o + oc0) * pos + oh0 * g.ow + q0;
+                            // SAFETY: AVX2; scratch holds qn rounded up to CP * 8 rows;
+                            // channels oc0..oc0 + ocn <= o of image img, the chunk's positions
+                            // of output rows oh0..oh1: inside the output, and only this task's
+                            // (its panels, its rows).
+                            #[cfg(target_arch = "x86_64")]
+                            unsafe {
+                                let out = op.ptr().add(at0);
+                                if wide {
+                                    // (AVX-512F: `wide`; the scratch's rows, qn rounded up to
+                                    // CP * 8 = 48, are a multiple of 16)
+                                    unpack_out512(scratch, cw, qn, ocn, out, pos, relu)
+                                } else {
+                                    unpack_out(scratch, cw, qn, ocn, out, pos, relu)
+                                }
+                            };
+                            if let Some(steps) = epi {
+                                for i in 0..ocn {
+                                    let at = at0 + i * pos;
+                                    // SAFETY: as for the unpacking.
+                                    let out = unsafe {
+                                        std::slice::from_raw_parts_mut(op.ptr().add(at), qn)
+                                    };
+                                    Epilogue::apply_all(steps, out, at);
+                                }
                             }
                         }
                     }
