@@ -18,7 +18,7 @@ mod cv;
 
 use crate::common::{
     copy_short, every_other, in_ptr, prefetch_l2, prefetch_write, simd_level, with_float,
-    with_simd, LineAligned, Num, OutPtr, Real, Scalar, SimdLevel,
+    with_scratch, with_simd, LineAligned, Num, OutPtr, Real, Scalar, SimdLevel,
 };
 use crate::elementwise::{relu_c, req, split_leading_relu};
 use gemm::{gemm, Parallelism};
@@ -2002,207 +2002,243 @@ fn gemm_tiles_f32(
     // KiB) stays in L1 while every output-channel panel uses it
     let kc = ckk.div_ceil(ckk.div_ceil(256 * NR / nr).max(1)).max(1);
     parallel_for(pool, split.tasks, 1, |range| {
-        let mut col = vec![0f32; if direct { 0 } else { ckk * ld }];
-        let mut packed_b = LineAligned::zeroed(if direct && split.per >= 16 {
-            kc * nr
-        } else {
-            0
-        });
-        let packed = packed_b.as_mut_slice();
-        for t in range {
-            let Some((img, grp, bs, panel_range)) = split.task(t) else {
-                continue;
-            };
-            for b in bs {
-                let (p0, p1) = block_range(b);
-                let width = p1 - p0;
-                // Read in place, a tile's B rows lie a plane apart; with many output-channel panels
-                // to reuse them, they are first packed into one contiguous kc x NR slice (a 1x1
-                // layer 64 -> 256 at 56x56: 79 -> 86 GFLOP/s; with fewer than 16 panels the copy
-                // cost more than it saved). Same values, same chains.
-                let pack_b = direct && panel_range.len() >= 16;
-                // the block: `ckk` rows of `width` values, row l at `b0 + l * ldb`
-                let (b0, ldb) = if direct {
-                    (&xc[(img * g.c + grp * ckk) * plane + p0..], plane)
-                } else {
-                    g.im2col(xc, img, grp, 0..ckk, p0, p1, &mut col, ld);
-                    (&col[..], ld)
+        // (a reused scratch: a fresh zeroed block per task was a calloc and a memset of up
+        // to a few hundred KiB per task; one thread, SqueezeNet's 3 -> 64 3x3 stride-2 stem
+        // 470 -> 445 us. im2col writes every value the tiles read: a part-full tile's loads
+        // are masked to its columns)
+        with_scratch::<f32, _>(if direct { 0 } else { ckk * ld }, |col| {
+            let mut packed_b = LineAligned::zeroed(if direct && split.per >= 16 {
+                kc * nr
+            } else {
+                0
+            });
+            let packed = packed_b.as_mut_slice();
+            for t in range {
+                let Some((img, grp, bs, panel_range)) = split.task(t) else {
+                    continue;
                 };
-                let mut applied = 0;
-                for l0 in (0..ckk).step_by(kc) {
-                    let k = kc.min(ckk - l0);
-                    for (j0, n) in tile_columns(width, nr, prepacked.is_some()) {
-                        if pack_b {
-                            for l in 0..k {
-                                let src = &b0[(l0 + l) * ldb + j0..(l0 + l) * ldb + j0 + n];
-                                copy_short(&mut packed[l * nr..l * nr + n], src);
+                for b in bs {
+                    let (p0, p1) = block_range(b);
+                    let width = p1 - p0;
+                    // Read in place, a tile's B rows lie a plane apart; with many output-channel panels
+                    // to reuse them, they are first packed into one contiguous kc x NR slice (a 1x1
+                    // layer 64 -> 256 at 56x56: 79 -> 86 GFLOP/s; with fewer than 16 panels the copy
+                    // cost more than it saved). Same values, same chains.
+                    let pack_b = direct && panel_range.len() >= 16;
+                    // the block: `ckk` rows of `width` values, row l at `b0 + l * ldb`
+                    let (b0, ldb) = if direct {
+                        (&xc[(img * g.c + grp * ckk) * plane + p0..], plane)
+                    } else {
+                        g.im2col(xc, img, grp, 0..ckk, p0, p1, col, ld);
+                        (&col[..], ld)
+                    };
+                    let mut applied = 0;
+                    for l0 in (0..ckk).step_by(kc) {
+                        let k = kc.min(ckk - l0);
+                        for (j0, n) in tile_columns(width, nr, prepacked.is_some()) {
+                            if pack_b {
+                                for l in 0..k {
+                                    let src = &b0[(l0 + l) * ldb + j0..(l0 + l) * ldb + j0 + n];
+                                    copy_short(&mut packed[l * nr..l * nr + n], src);
+                                }
                             }
-                        }
-                        let (bsrc, bld) = if pack_b {
-                            (packed.as_ptr(), nr)
-                        } else {
-                            (b0[l0 * ldb + j0..].as_ptr(), ldb)
-                        };
-                        #[cfg(target_arch = "x86_64")]
-                        if let Some(pw) = prepacked.filter(|_| {
-                            n <= TAIL_COLS
-                                && matches!(simd_level(), SimdLevel::Avx2Fma | SimdLevel::Avx512)
-                        }) {
-                            // (a block's last one or two positions, along output channels,
-                            // 8 / n panels at a time: panels c0..c1)
-                            for c0 in panel_range.clone().step_by(8 / n) {
-                                let c1 = (c0 + 8 / n).min(panel_range.end);
-                                let ptrs = |q: usize| {
-                                    let pi = (c0 + q).min(c1 - 1);
-                                    let oc0 = grp * og + pi * MR;
-                                    // (a repeated panel writes no rows)
-                                    let mr = if c0 + q < c1 { MR.min(og - pi * MR) } else { 0 };
-                                    (
-                                        pw[((grp * panels + pi) * ckk + l0) * MR..][..k * MR]
-                                            .as_ptr(),
-                                        // SAFETY: row oc0 < o of image img at position p0 + j0
-                                        // < pos: inside the output (checked above).
-                                        unsafe { op.ptr().add((img * g.o + oc0) * pos + p0 + j0) },
-                                        bp[(grp * panels + pi) * MR..][..MR].as_ptr(),
-                                        mr,
+                            let (bsrc, bld) = if pack_b {
+                                (packed.as_ptr(), nr)
+                            } else {
+                                (b0[l0 * ldb + j0..].as_ptr(), ldb)
+                            };
+                            #[cfg(target_arch = "x86_64")]
+                            if let Some(pw) = prepacked.filter(|_| {
+                                n <= TAIL_COLS
+                                    && matches!(
+                                        simd_level(),
+                                        SimdLevel::Avx2Fma | SimdLevel::Avx512
                                     )
-                                };
-                                // (N columns, P panels at a time: 8 registers of sums)
-                                macro_rules! tail {
-                                    ($n:literal, $p:literal) => {{
-                                        let p: [_; $p] = std::array::from_fn(ptrs);
-                                        tail_avx2::<$n, $p>(
-                                            k,
-                                            p.map(|t| t.0),
-                                            bsrc,
-                                            bld,
-                                            p.map(|t| t.1),
-                                            pos,
-                                            p.map(|t| t.2),
-                                            l0 == 0,
-                                            relu && l0 + k == ckk,
-                                            p.map(|t| t.3),
+                            }) {
+                                // (a block's last one or two positions, along output channels,
+                                // 8 / n panels at a time: panels c0..c1)
+                                for c0 in panel_range.clone().step_by(8 / n) {
+                                    let c1 = (c0 + 8 / n).min(panel_range.end);
+                                    let ptrs = |q: usize| {
+                                        let pi = (c0 + q).min(c1 - 1);
+                                        let oc0 = grp * og + pi * MR;
+                                        // (a repeated panel writes no rows)
+                                        let mr = if c0 + q < c1 { MR.min(og - pi * MR) } else { 0 };
+                                        (
+                                            pw[((grp * panels + pi) * ckk + l0) * MR..][..k * MR]
+                                                .as_ptr(),
+                                            // SAFETY: row oc0 < o of image img at position p0 + j0
+                                            // < pos: inside the output (checked above).
+                                            unsafe {
+                                                op.ptr().add((img * g.o + oc0) * pos + p0 + j0)
+                                            },
+                                            bp[(grp * panels + pi) * MR..][..MR].as_ptr(),
+                                            mr,
                                         )
-                                    }};
-                                }
-                                // SAFETY: AVX2 and FMA (the level matched); each panel's k * MR
-                                // prepacked entries and MR bias entries are bounds-checked
-                                // slices; rows oc0..oc0 + mr (< o, the group's channels) at
-                                // positions p0 + j0.. (+ n <= pos) of image img are inside the
-                                // output and this task's alone (its panels, its block), as for
-                                // the tiles below; `bsrc` holds k rows of n columns (below).
-                                unsafe {
-                                    if n == 1 {
-                                        tail!(1, 8)
-                                    } else {
-                                        tail!(2, 4)
+                                    };
+                                    // (N columns, P panels at a time: 8 registers of sums)
+                                    macro_rules! tail {
+                                        ($n:literal, $p:literal) => {{
+                                            let p: [_; $p] = std::array::from_fn(ptrs);
+                                            tail_avx2::<$n, $p>(
+                                                k,
+                                                p.map(|t| t.0),
+                                                bsrc,
+                                                bld,
+                                                p.map(|t| t.1),
+                                                pos,
+                                                p.map(|t| t.2),
+                                                l0 == 0,
+                                                relu && l0 + k == ckk,
+                                                p.map(|t| t.3),
+                                            )
+                                        }};
                                     }
-                                };
-                            }
-                            if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
-                                let at = (img, grp, panel_range.clone());
-                                // SAFETY: as for the tiles' epilogue below.
-                                unsafe {
-                                    epilogue_runs(steps, g, op, at, p0, width, j0 + n, &mut applied)
-                                };
-                            }
-                            continue;
-                        }
-                        let mut next = panel_range.start;
-                        while next < panel_range.end {
-                            let pi = next;
-                            // (on AVX-512, two panels a tile where the range has them and
-                            // the layer is weight-heavy: one thread, 2048 -> 512 1x1 at 7x7
-                            // 0.86 -> 0.73 ms, 256 -> 1024 at 14x14 0.73 -> 0.65; at 56x56,
-                            // 5-8% slower)
-                            let pair = pair_panels && pi + 1 < panel_range.end;
-                            next += if pair { 2 } else { 1 };
-                            let oc0 = grp * og + pi * MR;
-                            let mr = (if pair { 2 * MR } else { MR }).min(og - pi * MR);
-                            // Inside a model a layer's output lines are cold (last written a
-                            // run ago), and a tile's stores go to `mr` rows a plane apart,
-                            // more streams than the hardware prefetchers follow: each store
-                            // waited on its line's read-for-ownership. So the lines of this
-                            // panel's next tile are fetched for writing during this one
-                            // (one thread, the caches flushed before each call as inside a
-                            // model, `OP_LOOP_COLD`: 32 -> 256 1x1 at 56x56 595 -> 470 us,
-                            // SqueezeNet's 3 -> 64 3x3 stride-2 stem 640 -> 575; warm, the
-                            // same within noise).
-                            if j0 + n < width {
-                                for r in 0..mr {
-                                    // (a hint: never dereferenced, the address kept in
-                                    // bounds by `wrapping_add`)
-                                    prefetch_write(
-                                        op.ptr().wrapping_add(
-                                            (img * g.o + oc0 + r) * pos + p0 + j0 + n,
-                                        ),
-                                        nr.min(width - j0 - n),
-                                    );
+                                    // SAFETY: AVX2 and FMA (the level matched); each panel's k * MR
+                                    // prepacked entries and MR bias entries are bounds-checked
+                                    // slices; rows oc0..oc0 + mr (< o, the group's channels) at
+                                    // positions p0 + j0.. (+ n <= pos) of image img are inside the
+                                    // output and this task's alone (its panels, its block), as for
+                                    // the tiles below; `bsrc` holds k rows of n columns (below).
+                                    unsafe {
+                                        if n == 1 {
+                                            tail!(1, 8)
+                                        } else {
+                                            tail!(2, 4)
+                                        }
+                                    };
                                 }
+                                if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
+                                    let at = (img, grp, panel_range.clone());
+                                    // SAFETY: as for the tiles' epilogue below.
+                                    unsafe {
+                                        epilogue_runs(
+                                            steps,
+                                            g,
+                                            op,
+                                            at,
+                                            p0,
+                                            width,
+                                            j0 + n,
+                                            &mut applied,
+                                        )
+                                    };
+                                }
+                                continue;
                             }
-                            // The first column of a pass reads the pass's weight rows from
-                            // memory: a model's weights do not stay in cache from one run to
-                            // the next, and the rows of one panel are a short run the hardware
-                            // prefetchers barely start on. So the next tile's weights are
-                            // prefetched during this one.
-                            if j0 == 0 && weight_prefetch() {
-                                for q in next..(next + 2).min(panel_range.end) {
-                                    match prepacked {
-                                        Some(pw) => prefetch_l2(
-                                            pw[((grp * panels + q) * ckk + l0) * MR..].as_ptr(),
-                                            k * MR,
-                                        ),
-                                        None => {
-                                            let o0 = grp * og + q * MR;
-                                            for r in o0..(o0 + MR).min(grp * og + og) {
-                                                prefetch_l2(wc[r * ckk + l0..].as_ptr(), k);
+                            let mut next = panel_range.start;
+                            while next < panel_range.end {
+                                let pi = next;
+                                // (on AVX-512, two panels a tile where the range has them and
+                                // the layer is weight-heavy: one thread, 2048 -> 512 1x1 at 7x7
+                                // 0.86 -> 0.73 ms, 256 -> 1024 at 14x14 0.73 -> 0.65; at 56x56,
+                                // 5-8% slower)
+                                let pair = pair_panels && pi + 1 < panel_range.end;
+                                next += if pair { 2 } else { 1 };
+                                let oc0 = grp * og + pi * MR;
+                                let mr = (if pair { 2 * MR } else { MR }).min(og - pi * MR);
+                                // Inside a model a layer's output lines are cold (last written a
+                                // run ago), and a tile's stores go to `mr` rows a plane apart,
+                                // more streams than the hardware prefetchers follow: each store
+                                // waited on its line's read-for-ownership. So the lines of this
+                                // panel's next tile are fetched for writing during this one
+                                // (one thread, the caches flushed before each call as inside a
+                                // model, `OP_LOOP_COLD`: 32 -> 256 1x1 at 56x56 595 -> 470 us,
+                                // SqueezeNet's 3 -> 64 3x3 stride-2 stem 640 -> 575; warm, the
+                                // same within noise).
+                                if j0 + n < width {
+                                    for r in 0..mr {
+                                        // (a hint: never dereferenced, the address kept in
+                                        // bounds by `wrapping_add`)
+                                        prefetch_write(
+                                            op.ptr().wrapping_add(
+                                                (img * g.o + oc0 + r) * pos + p0 + j0 + n,
+                                            ),
+                                            nr.min(width - j0 - n),
+                                        );
+                                    }
+                                }
+                                // The first column of a pass reads the pass's weight rows from
+                                // memory: a model's weights do not stay in cache from one run to
+                                // the next, and the rows of one panel are a short run the hardware
+                                // prefetchers barely start on. So the next tile's weights are
+                                // prefetched during this one.
+                                if j0 == 0 && weight_prefetch() {
+                                    for q in next..(next + 2).min(panel_range.end) {
+                                        match prepacked {
+                                            Some(pw) => prefetch_l2(
+                                                pw[((grp * panels + q) * ckk + l0) * MR..].as_ptr(),
+                                                k * MR,
+                                            ),
+                                            None => {
+                                                let o0 = grp * og + q * MR;
+                                                for r in o0..(o0 + MR).min(grp * og + og) {
+                                                    prefetch_l2(wc[r * ckk + l0..].as_ptr(), k);
+                                                }
                                             }
                                         }
                                     }
                                 }
-                            }
-                            // SAFETY: `bsrc` is `packed` (k rows of stride nr whose first n
-                            // values were just copied from b0's rows l0.., columns j0..; kc * nr
-                            // long, k <= kc) or b0 from row l0, column j0 on. `b0` holds ckk rows
-                            // of stride ldb >= width, of which rows l0..l0 + k (<= ckk), columns
-                            // j0..j0 + n (<= width) are read: `col`
-                            // just filled (ld >= pb >= width), or the input from channel grp *
-                            // ckk's position p0 on, whose row l0 + k - 1's column j0 + n - 1 is
-                            // input element (img * c + grp * ckk + l) * plane + p0 + j < n * c *
-                            // plane (l < ckk = c / g channels of group grp, p0 + j < pos = plane);
-                            // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
-                            // of each, are read (inside the o * ckk `wc`, checked above; or,
-                            // prepacked, entries l0..l0 + k of the panel's [ckk][MR] block, inside
-                            // the g * panels * ckk * MR floats `PackedWeight::fits` checked), and
-                            // the panel's MR bias entries, inside `bp`; the
-                            // destination rows oc0..oc0 + mr (< o: the group's channels) at
-                            // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
-                            // pos output (checked above), and only task t touches those rows
-                            // (its panels) of that block of image img, group grp, positions
-                            // p0..p1 (written by the l0 == 0 tile before later ones read it); the
-                            // output is neither the input nor a task buffer. A `pair` is
-                            // panels pi and pi + 1 (< the range's end <= panels): weight rows
-                            // and bias entries of both, output rows oc0..oc0 + mr (mr counts
-                            // both panels' rows, < o), all this task's; `pair_panels` holds
-                            // only at NR512, which `tile_width` chose on an AVX-512 CPU.
-                            unsafe {
-                                let (a, lda, las) = match prepacked {
-                                    Some(pw) => (
-                                        pw.as_ptr().add(((grp * panels + pi) * ckk + l0) * MR),
-                                        1,
-                                        MR,
-                                    ),
-                                    None => (wc.as_ptr().add(oc0 * ckk + l0), ckk, 1),
-                                };
-                                #[cfg(target_arch = "x86_64")]
-                                if pair {
-                                    let a2 = match prepacked {
-                                        Some(_) => a.add(ckk * MR),
-                                        None => a.add(MR * lda),
+                                // SAFETY: `bsrc` is `packed` (k rows of stride nr whose first n
+                                // values were just copied from b0's rows l0.., columns j0..; kc * nr
+                                // long, k <= kc) or b0 from row l0, column j0 on. `b0` holds ckk rows
+                                // of stride ldb >= width, of which rows l0..l0 + k (<= ckk), columns
+                                // j0..j0 + n (<= width) are read: `col`
+                                // just filled (ld >= pb >= width), or the input from channel grp *
+                                // ckk's position p0 on, whose row l0 + k - 1's column j0 + n - 1 is
+                                // input element (img * c + grp * ckk + l) * plane + p0 + j < n * c *
+                                // plane (l < ckk = c / g channels of group grp, p0 + j < pos = plane);
+                                // weight rows oc0..oc0 + mr (< o) of ckk elements, elements l0..l0 + k
+                                // of each, are read (inside the o * ckk `wc`, checked above; or,
+                                // prepacked, entries l0..l0 + k of the panel's [ckk][MR] block, inside
+                                // the g * panels * ckk * MR floats `PackedWeight::fits` checked), and
+                                // the panel's MR bias entries, inside `bp`; the
+                                // destination rows oc0..oc0 + mr (< o: the group's channels) at
+                                // positions p0 + j0.. (+ n <= pos) of image img lie inside the n * o *
+                                // pos output (checked above), and only task t touches those rows
+                                // (its panels) of that block of image img, group grp, positions
+                                // p0..p1 (written by the l0 == 0 tile before later ones read it); the
+                                // output is neither the input nor a task buffer. A `pair` is
+                                // panels pi and pi + 1 (< the range's end <= panels): weight rows
+                                // and bias entries of both, output rows oc0..oc0 + mr (mr counts
+                                // both panels' rows, < o), all this task's; `pair_panels` holds
+                                // only at NR512, which `tile_width` chose on an AVX-512 CPU.
+                                unsafe {
+                                    let (a, lda, las) = match prepacked {
+                                        Some(pw) => (
+                                            pw.as_ptr().add(((grp * panels + pi) * ckk + l0) * MR),
+                                            1,
+                                            MR,
+                                        ),
+                                        None => (wc.as_ptr().add(oc0 * ckk + l0), ckk, 1),
                                     };
-                                    tile_pair_avx512(
+                                    #[cfg(target_arch = "x86_64")]
+                                    if pair {
+                                        let a2 = match prepacked {
+                                            Some(_) => a.add(ckk * MR),
+                                            None => a.add(MR * lda),
+                                        };
+                                        tile_pair_avx512(
+                                            k,
+                                            (a, a2),
+                                            lda,
+                                            las,
+                                            bsrc,
+                                            bld,
+                                            op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
+                                            pos,
+                                            bp.as_ptr().add((grp * panels + pi) * MR),
+                                            l0 == 0,
+                                            relu && l0 + k == ckk,
+                                            mr,
+                                            n,
+                                        );
+                                        continue;
+                                    }
+                                    tile_f32(
+                                        nr,
                                         k,
-                                        (a, a2),
+                                        a,
                                         lda,
                                         las,
                                         bsrc,
@@ -2214,41 +2250,24 @@ fn gemm_tiles_f32(
                                         relu && l0 + k == ckk,
                                         mr,
                                         n,
-                                    );
-                                    continue;
-                                }
-                                tile_f32(
-                                    nr,
-                                    k,
-                                    a,
-                                    lda,
-                                    las,
-                                    bsrc,
-                                    bld,
-                                    op.ptr().add((img * g.o + oc0) * pos + p0 + j0),
-                                    pos,
-                                    bp.as_ptr().add((grp * panels + pi) * MR),
-                                    l0 == 0,
-                                    relu && l0 + k == ckk,
-                                    mr,
-                                    n,
-                                )
-                            };
-                        }
-                        // in the last pass, the epilogue on each run of finished positions
-                        if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
-                            let at = (img, grp, panel_range.clone());
-                            // SAFETY: this task's outputs (its panels' channels of image img,
-                            // positions p0..p1 <= pos, the first j0 + n finished), which only
-                            // it touches.
-                            unsafe {
-                                epilogue_runs(steps, g, op, at, p0, width, j0 + n, &mut applied)
-                            };
+                                    )
+                                };
+                            }
+                            // in the last pass, the epilogue on each run of finished positions
+                            if let Some(steps) = epi.filter(|_| l0 + k == ckk) {
+                                let at = (img, grp, panel_range.clone());
+                                // SAFETY: this task's outputs (its panels' channels of image img,
+                                // positions p0..p1 <= pos, the first j0 + n finished), which only
+                                // it touches.
+                                unsafe {
+                                    epilogue_runs(steps, g, op, at, p0, width, j0 + n, &mut applied)
+                                };
+                            }
                         }
                     }
                 }
             }
-        }
+        })
     });
 }
 
