@@ -4,9 +4,10 @@ The real-architecture models the ``onnx`` wheel ships under ``onnx/backend/test/
 (their constant weights replaced by random ones, so the arithmetic is real) and a standard-op
 transformer block (RMSNormalization, MatMul, Softmax, Gelu, Add: nothing polyop-specific), each
 run in one process through two sessions: ONNX Runtime's CPU provider alone, and polyop's
-provider first with the CPU provider taking every node polyop does not claim. Runs alternate
-between the two sessions sample by sample, with a pause between (`PAUSE`: each session's
-threads spin after its runs); the figure is the median. A profiled run of each
+provider first with the CPU provider taking every node polyop does not claim; and a third,
+the CPU provider alone with its NCHWc layout transformer off, to tell the layout's share of a
+gap from the kernels'. Runs alternate between the sessions sample by sample, with a pause
+between (`PAUSE`: each session's threads spin after its runs); the figure is the median. A profiled run of each
 session gives the time per op type and where each node ran.
 
     .venv/bin/python bench/ep_models.py                 # prints the markdown section
@@ -136,7 +137,11 @@ def transformer_block(batch=1, seq=128, dim=256, heads=4, ff=1024) -> tuple[onnx
     return model, {"x": x}
 
 
-def _session(model: bytes, provider: bool, profile_prefix: str | None = None) -> ort.InferenceSession:
+def _session(model: bytes, provider: bool, profile_prefix: str | None = None,
+             blocked: bool = True) -> ort.InferenceSession:
+    """A session of `model`: with polyop's provider (`provider`) or the CPU provider alone;
+    `blocked=False` turns off the CPU provider's NCHWc layout transformer (its convolutions
+    then run MLAS's NCHW kernels, polyop's layout)."""
     kw = {"intra_op_num_threads": THREADS, "inter_op_num_threads": 1}
     if profile_prefix:
         kw.update(enable_profiling=True, profile_file_prefix=profile_prefix)
@@ -145,7 +150,8 @@ def _session(model: bytes, provider: bool, profile_prefix: str | None = None) ->
     so = ort.SessionOptions()
     for k, v in kw.items():
         setattr(so, k, v)
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=[] if blocked else ["NchwcTransformer"])
 
 
 def provider_session_under(model: bytes, var: str, value: str) -> ort.InferenceSession:
@@ -206,6 +212,8 @@ def measure(name: str, model: onnx.ModelProto, feeds: dict, samples: int, min_ti
     raw = model.SerializeToString()
     claimable_types = {s["op_type"] for o in pox.load().info["ops"] for s in o["onnx_standard"]}
     with_ep, without = _session(raw, True), _session(raw, False)
+    # (the CPU provider in polyop's layout: what is left of the gap once the layouts agree)
+    without_nchw = _session(raw, False, blocked=False)
     ref = without.run(None, feeds)[0]
     got = with_ep.run(None, feeds)[0]
     err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -213,9 +221,9 @@ def measure(name: str, model: onnx.ModelProto, feeds: dict, samples: int, min_ti
     t0 = time.perf_counter()
     without.run(None, feeds)
     reps = max(1, int(min_time / max(time.perf_counter() - t0, 1e-6)))
-    t_with, t_without = [], []
+    t_with, t_without, t_nchw = [], [], []
     for _ in range(samples):
-        for sess, acc in ((without, t_without), (with_ep, t_with)):
+        for sess, acc in ((without, t_without), (with_ep, t_with), (without_nchw, t_nchw)):
             time.sleep(PAUSE)
             t0 = time.perf_counter()
             for _ in range(reps):
@@ -230,6 +238,7 @@ def measure(name: str, model: onnx.ModelProto, feeds: dict, samples: int, min_ti
     return {
         "model": name, "claimed": len(claimed), "claimable": len(claimable),
         "with_ms": 1e3 * statistics.median(t_with), "without_ms": 1e3 * statistics.median(t_without),
+        "without_nchw_ms": 1e3 * statistics.median(t_nchw),
         "max_rel_err": err, "split_ep": split_ep, "split_cpu": split_cpu,
         "claim_types": sorted(claimable_types),
     }
@@ -255,19 +264,27 @@ def markdown(results: list[dict]) -> str:
         "## ONNX Runtime execution provider: whole models",
         "",
         "Unmodified models through `polyop.onnxruntime.provider_session_options()` against ONNX "
-        "Runtime's CPU provider alone, same process, runs alternating between the two sessions with "
+        "Runtime's CPU provider alone, same process, runs alternating between the sessions with "
         f"a {PAUSE} s pause before each batch (each session's threads spin after its runs) "
         f"(median; {THREADS} intra-op threads; weights random). **speed-up = time without polyop / "
         "time with polyop** (> 1.00: the model is faster with polyop). claimed / claimable: nodes of "
         "a type polyop implements that ran on `PolyopExecutionProvider` / all of them that ran "
-        "(from ONNX Runtime's profile). Re-run: `.venv/bin/python bench/ep_models.py`.",
+        "(from ONNX Runtime's profile). **NCHW**: a third session, the CPU provider alone with its "
+        "NCHWc layout transformer off (`disabled_optimizers=[\"NchwcTransformer\"]`: its "
+        "convolutions on MLAS's NCHW kernels, polyop's layout), timed in the same rotation; "
+        "speed-up vs NCHW = its time / time with polyop. Re-run: `.venv/bin/python "
+        "bench/ep_models.py`.",
         "",
-        "| model | claimed / claimable | without polyop | with polyop | speed-up | max rel. difference |",
-        "|---|---|---|---|---|---|",
+        "| model | claimed / claimable | without polyop | with polyop | speed-up | "
+        "without polyop, NCHW | speed-up vs NCHW | max rel. difference |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        nchw = r.get("without_nchw_ms")
+        nchw_cells = f"{nchw:.2f} ms | {nchw / r['with_ms']:.2f}" if nchw else "— | —"
         lines.append(f"| {r['model']} | {r['claimed']} / {r['claimable']} | {r['without_ms']:.2f} ms | "
-                     f"{r['with_ms']:.2f} ms | {r['without_ms'] / r['with_ms']:.2f} | {r['max_rel_err']:.1e} |")
+                     f"{r['with_ms']:.2f} ms | {r['without_ms'] / r['with_ms']:.2f} | {nchw_cells} | "
+                     f"{r['max_rel_err']:.1e} |")
     lines += ["", "Time per op type (ONNX Runtime's profile, kernel time per run, summed over nodes; "
               "op types polyop claims in bold; `Conv` includes the `Relu` and `Add`/`Sum` nodes each "
               "provider fused into its convolutions: ONNX Runtime's `FusedConv`, polyop's fused "
