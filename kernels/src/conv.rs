@@ -17,8 +17,8 @@
 mod cv;
 
 use crate::common::{
-    copy_short, every_other, in_ptr, prefetch_l2, prefetch_write, simd_level, with_float,
-    with_scratch, with_simd, LineAligned, Num, OutPtr, Real, Scalar, SimdLevel,
+    copy_short, every_other, in_ptr, prefetch_l2, simd_level, with_float, with_scratch, with_simd,
+    LineAligned, Num, OutPtr, Real, Scalar, SimdLevel,
 };
 use crate::elementwise::{relu_c, req, split_leading_relu};
 use gemm::{gemm, Parallelism};
@@ -2137,27 +2137,6 @@ fn gemm_tiles_f32(
                                 next += if pair { 2 } else { 1 };
                                 let oc0 = grp * og + pi * MR;
                                 let mr = (if pair { 2 * MR } else { MR }).min(og - pi * MR);
-                                // Inside a model a layer's output lines are cold (last written a
-                                // run ago), and a tile's stores go to `mr` rows a plane apart,
-                                // more streams than the hardware prefetchers follow: each store
-                                // waited on its line's read-for-ownership. So the lines of this
-                                // panel's next tile are fetched for writing during this one
-                                // (one thread, the caches flushed before each call as inside a
-                                // model, `OP_LOOP_COLD`: 32 -> 256 1x1 at 56x56 595 -> 470 us,
-                                // SqueezeNet's 3 -> 64 3x3 stride-2 stem 640 -> 575; warm, the
-                                // same within noise).
-                                if j0 + n < width {
-                                    for r in 0..mr {
-                                        // (a hint: never dereferenced, the address kept in
-                                        // bounds by `wrapping_add`)
-                                        prefetch_write(
-                                            op.ptr().wrapping_add(
-                                                (img * g.o + oc0 + r) * pos + p0 + j0 + n,
-                                            ),
-                                            nr.min(width - j0 - n),
-                                        );
-                                    }
-                                }
                                 // The first column of a pass reads the pass's weight rows from
                                 // memory: a model's weights do not stay in cache from one run to
                                 // the next, and the rows of one panel are a short run the hardware

@@ -809,8 +809,9 @@ const CHUNK: usize = CP * 8;
 
 /// Channel passes up to which a block goes chunk by chunk ([`CHUNK`]): each chunk reads every
 /// pass's weights again, from L2, which repays itself only while the passes are few (one
-/// thread: 16 -> 64 3x3 at 55x55, 3 passes, 400 -> 362 us; 64 -> 64 3x3 at 56x56, 10 passes,
-/// 1287 -> 1350).
+/// thread, warm caches: 64 -> 64 3x3 at 56x56, 10 passes, 1287 -> 1350 us chunked; 16 -> 64
+/// 3x3 at 55x55, 3 passes, the same either way, and with the caches flushed before each call
+/// 403 -> 390 with the output prefetch below).
 const CHUNK_PASSES: usize = 3;
 
 /// Output positions a block holds at least (where the layer has them).
@@ -993,9 +994,10 @@ pub(super) fn cv_f32(
                                 // for writing during this chunk's first pass, a share of
                                 // the rows with each tile: inside a model they are cold,
                                 // and the unpacking's stores to 16 rows at a time waited on
-                                // each line (one thread, 16 -> 64 3x3 at 55x55 with the
-                                // caches flushed before each call: 437 -> 365 us, a 3 ->
-                                // 64 7x7 stride-2 stem 1810 -> 1495).
+                                // each line (one thread, the caches flushed before each
+                                // call, `OP_LOOP_COLD`, without this prefetch -> with it: 16
+                                // -> 64 3x3 at 55x55 437 -> 365 us, a 3 -> 64 7x7 stride-2
+                                // stem 1810 -> 1495).
                                 let next_out = (c0 == 0 && q0 + qn < npos).then(|| {
                                     let nq = chunk.min(npos - q0 - qn);
                                     let at = (img * g.o + oc0) * pos + oh0 * g.ow + q0 + qn;
