@@ -956,19 +956,24 @@ pub fn prefetch_l2<T>(p: *const T, n: usize) {
     let _ = (p, n);
 }
 
+/// The start of each cache line of the first (at most 8 KiB) of the `n` elements at `p`, as
+/// addresses only (computed with `wrapping_add`: never dereferenced here), for the prefetches.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<T>(p: *const T, n: usize) -> impl Iterator<Item = *const i8> {
+    let bytes = (n * std::mem::size_of::<T>()).min(8192);
+    let p = p as *const i8;
+    (0..bytes).step_by(64).map(move |off| p.wrapping_add(off))
+}
+
 /// [`prefetch`] with an `_mm_prefetch` hint.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_hint<const HINT: i32, T>(p: *const T, n: usize) {
-    let bytes = (n * std::mem::size_of::<T>()).min(8192);
-    let p = p as *const i8;
-    let mut off = 0;
-    while off < bytes {
+    for line in prefetch_lines(p, n) {
         // SAFETY: a prefetch never faults and changes no architectural state, whatever the
-        // address (wrapping_add keeps even the address computation free of UB); SSE is part
-        // of the x86-64 baseline.
-        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off)) };
-        off += 64;
+        // address; SSE is part of the x86-64 baseline.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line) };
     }
 }
 
@@ -976,10 +981,7 @@ fn prefetch_hint<const HINT: i32, T>(p: *const T, n: usize) {
 #[cfg(target_arch = "x86_64")]
 fn has_prefetchw() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::arch::x86_64::__cpuid(0x8000_0001).ecx >> 8 & 1 == 1
-            && std::env::var_os("NOPFW").is_none()
-    })
+    *HAS.get_or_init(|| std::arch::x86_64::__cpuid(0x8000_0001).ecx >> 8 & 1 == 1)
 }
 
 /// Ask the CPU to bring the first (at most 8 KiB) of the `n` elements at `p` into L1 in the
@@ -990,21 +992,16 @@ fn has_prefetchw() -> bool {
 pub fn prefetch_write<T>(p: *mut T, n: usize) {
     #[cfg(target_arch = "x86_64")]
     if has_prefetchw() {
-        let bytes = (n * std::mem::size_of::<T>()).min(8192);
-        let p = p as *const u8;
-        let mut off = 0;
-        while off < bytes {
+        for line in prefetch_lines(p as *const T, n) {
             // SAFETY: `prefetchw` (present: checked above) never faults and changes no
-            // architectural state, whatever the address (wrapping_add keeps the address
-            // computation free of UB); it touches no stack or flags.
+            // architectural state, whatever the address; it touches no stack or flags.
             unsafe {
                 std::arch::asm!(
                     "prefetchw [{0}]",
-                    in(reg) p.wrapping_add(off),
+                    in(reg) line,
                     options(nostack, preserves_flags, readonly)
                 )
             };
-            off += 64;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -923,6 +923,8 @@ pub(super) fn cv_f32(
                         // would be packed again per chunk: that path keeps one chunk, the
                         // block.) Each output's chain is the same: bias, then the passes in
                         // order.
+                        // (the block's first output position of channel oc0)
+                        let out0 = (img * g.o + oc0) * pos + oh0 * g.ow;
                         let chunk = if prepacked.is_some() && cg.div_ceil(nc) <= CHUNK_PASSES {
                             CHUNK
                         } else {
@@ -1000,8 +1002,7 @@ pub(super) fn cv_f32(
                                 // stem 1810 -> 1495).
                                 let next_out = (c0 == 0 && q0 + qn < npos).then(|| {
                                     let nq = chunk.min(npos - q0 - qn);
-                                    let at = (img * g.o + oc0) * pos + oh0 * g.ow + q0 + qn;
-                                    (at, nq, ocn.div_ceil(qn.div_ceil(CP)))
+                                    (out0 + q0 + qn, nq, ocn.div_ceil(qn.div_ceil(CP)))
                                 });
                                 for t0 in (q0..q0 + qn).step_by(CP) {
                                     if let Some((w, share)) = next_w {
@@ -1042,7 +1043,7 @@ pub(super) fn cv_f32(
                                     };
                                 }
                             }
-                            let at0 = (img * g.o + oc0) * pos + oh0 * g.ow + q0;
+                            let at0 = out0 + q0;
                             // SAFETY: AVX2; scratch holds qn rounded up to CP * 8 rows;
                             // channels oc0..oc0 + ocn <= o of image img, the chunk's positions
                             // of output rows oh0..oh1: inside the output, and only this task's
