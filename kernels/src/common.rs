@@ -728,6 +728,10 @@ fn coalesce<const N: usize>(
 
 /// Walk the flat row-major index range `range` of a (coalesced) iteration space, one
 /// contiguous-in-output segment at a time: `f(offsets_per_operand, flat_start, len, inner_strides)`.
+/// Always inlined: a caller inside [`with_simd`] gets `f` compiled at the level's target
+/// features (a `walk` of its own was compiled at the baseline, so a broadcast add's vectorised
+/// runs were SSE: a `[1, 256, 56, 56] + [256, 1, 1]` add at half ONNX Runtime's speed).
+#[inline(always)]
 fn walk<const N: usize>(
     dims: &[usize],
     strides: &[[isize; N]],
@@ -1225,27 +1229,34 @@ pub fn zip_map<T: Scalar, const N: usize>(
             with_simd(
                 #[inline(always)]
                 || {
-                    walk(&dims, &strides, range, |offs, start, len| {
-                        let run: [InPtr<T>; N] =
-                            std::array::from_fn(|k| InPtr(ptrs[k].0.wrapping_offset(offs[k])));
-                        // SAFETY: `walk` yields input k's offsets for the flat output positions
-                        // `start .. start + len` (`offs[k]` for the first, then stride 1, or
-                        // 0 where broadcast), elements its own shape and strides reach (it
-                        // broadcasts to the output, checked above): `run[k]` is readable at
-                        // `0..len`, or at 0 where broadcast. The output positions are inside
-                        // this task's `range` of the contiguous `n`-element output
-                        // (`parallel_for` ranges are disjoint). An input aliasing the output
-                        // in place has its layout, so its run starts at `start` too.
-                        unsafe {
-                            flat_map::<T, N>(
-                                run,
-                                bcast,
-                                OutPtr(op.0.wrapping_add(start)),
-                                0..len,
-                                &f,
-                            )
-                        }
-                    })
+                    // (inlined, as `walk` is, so the runs compile at the level's features)
+                    walk(
+                        &dims,
+                        &strides,
+                        range,
+                        #[inline(always)]
+                        |offs, start, len| {
+                            let run: [InPtr<T>; N] =
+                                std::array::from_fn(|k| InPtr(ptrs[k].0.wrapping_offset(offs[k])));
+                            // SAFETY: `walk` yields input k's offsets for the flat output positions
+                            // `start .. start + len` (`offs[k]` for the first, then stride 1, or
+                            // 0 where broadcast), elements its own shape and strides reach (it
+                            // broadcasts to the output, checked above): `run[k]` is readable at
+                            // `0..len`, or at 0 where broadcast. The output positions are inside
+                            // this task's `range` of the contiguous `n`-element output
+                            // (`parallel_for` ranges are disjoint). An input aliasing the output
+                            // in place has its layout, so its run starts at `start` too.
+                            unsafe {
+                                flat_map::<T, N>(
+                                    run,
+                                    bcast,
+                                    OutPtr(op.0.wrapping_add(start)),
+                                    0..len,
+                                    &f,
+                                )
+                            }
+                        },
+                    )
                 },
             )
         });
