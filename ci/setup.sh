@@ -42,17 +42,45 @@ install_lock() {
     fi
 }
 
-# 2. Pinned Python packages (ci/requirements.lock is the single pin file).
-install_lock .venv ci/requirements.lock "first run: several GB, a few minutes"
-
-# 3. Rust: the kernel library and the four framework libraries (target/release/libpolyop_*.so).
-#    The Python extension is built by maturin below (with its own PyO3 settings), so it is
-#    left out here to avoid building it twice.
+# 2. Pinned Python packages (ci/requirements.lock is the single pin file), downloaded while
+#    cargo builds the crates that need no framework (the kernels, the ONNX Runtime, XLA and
+#    MindSpore adapters): the network and the CPUs both busy, not one after the other.
 export PYO3_PYTHON="$VPY"
-log "cargo build --release (workspace)"
-cargo build --release --workspace --exclude polyop-py
+install_lock .venv ci/requirements.lock "first run: several GB, a few minutes" &
+pip_pid=$!
+log "cargo build --release (the crates that need no framework), beside pip"
+if ! cargo build --release -p polyop-kernels -p polyop-onnxruntime -p polyop-xla -p polyop-mindspore; then
+    wait "$pip_pid" || true
+    exit 1
+fi
+wait "$pip_pid" || { log "pip install of ci/requirements.lock failed"; exit 1; }
 
-# 4. The Python package (editable: python/polyop + the compiled polyop._core).
+# 3. MindSpore in its own environment, in the background: MindSpore 2.10 needs numpy<2, .venv
+#    has numpy 2. Pinned by ci/mindspore.lock (installed when its hash changes, as in step 2);
+#    polyop is importable there from the checkout through a .pth file (polyop._core is abi3,
+#    so the extension maturin builds below serves this interpreter too).
+MS=.venv-mindspore
+(
+    if [ ! -x "$MS/bin/python" ]; then
+        log "creating $MS"
+        "$VPY" -m venv "$MS"
+    fi
+    install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
+    "$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"
+) &
+ms_pid=$!
+
+# 4. Rust: the rest of the workspace, the torch and TensorFlow adapters, which compile and
+#    link against the frameworks' wheels (target/release/libpolyop_*.so). The Python
+#    extension is built by maturin below (with its own PyO3 settings), so it is left out here
+#    to avoid building it twice.
+log "cargo build --release (workspace)"
+if ! cargo build --release --workspace --exclude polyop-py; then
+    wait "$ms_pid" || true
+    exit 1
+fi
+
+# 5. The Python package (editable: python/polyop + the compiled polyop._core).
 log "maturin develop --release"
 if ! out=$(VIRTUAL_ENV="$ROOT/.venv" PATH="$ROOT/.venv/bin:$PATH" maturin develop --release 2>&1); then
     printf '%s\n' "$out" >&2
@@ -61,14 +89,4 @@ if ! out=$(VIRTUAL_ENV="$ROOT/.venv" PATH="$ROOT/.venv/bin:$PATH" maturin develo
 fi
 "$VPY" -c 'import polyop; print(f"[setup] polyop {polyop.__version__}: {len(polyop.ops())} ops")' >&2
 
-# 5. MindSpore in its own environment: MindSpore 2.10 needs numpy<2, .venv has numpy 2.
-#    Pinned by ci/mindspore.lock (installed when its hash changes, as in step 2); polyop is
-#    importable there from the checkout through a .pth file (polyop._core is abi3, so the
-#    extension maturin built serves this interpreter too).
-MS=.venv-mindspore
-if [ ! -x "$MS/bin/python" ]; then
-    log "creating $MS"
-    "$VPY" -m venv "$MS"
-fi
-install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
-"$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"
+wait "$ms_pid" || { log "setting up $MS failed"; exit 1; }

@@ -169,31 +169,9 @@ ensure_disk() {
     return 1
 }
 
-main() {
-    cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
-    ROOT=$PWD
-    START=$(date +%s)
-    # CI builds from scratch or from the cache: incremental state and full debug info are
-    # only disk (1.7 GB and most of target/debug's 3 GB of deps) there
-    export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
-    if ! ensure_disk 32 16; then
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-    link_caches
-
-    # the first run installs several GB of frameworks and builds everything
-    if ! bounded "ci/setup.sh" 5400 bash ci/setup.sh; then
-        echo "ci/setup.sh failed (or timed out)"
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-
-    VPY=$ROOT/.venv/bin/python
-    export PYO3_PYTHON=$VPY
-    export PATH="$ROOT/.venv/bin:$PATH"
-    LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/polyop-ci.XXXXXX")
-
+# The Rust checks, one job: fmt, clippy, then the workspace's tests (clippy and the tests
+# share target/, so running them side by side would only wait on cargo's lock).
+rust_checks() {
     check "cargo fmt --all --check" 300 cargo fmt --all --check
     check "cargo clippy --workspace --all-targets -- -D warnings" 3600 \
         cargo clippy --workspace --all-targets --quiet -- -D warnings
@@ -219,18 +197,154 @@ main() {
         fail "cargo test (exit $rc, e.g. a build error)"
     fi
     [ "$f" -ne 0 ] && FAILURES+=("cargo test: $f failed")
+    return 0
+}
 
+# Several pytest files in order, one job: files that build the same example workspace (whose
+# libraries one rebuilds with other features while the other runs them) never run side by side.
+run_pytests() {
     local t
-    for t in tests/test_*.py; do
-        [ "$t" = tests/test_mindspore.py ] && continue # MindSpore's own environment, below
-        run_pytest "$t" 1800
+    for t in "$@"; do run_pytest "$t" 1800; done
+}
+
+# Jobs run side by side, POLYOP_CI_JOBS at a time (default 2: most test files keep one core
+# busy, waiting on a framework's start-up, a child process or the network). Each job runs in a
+# subshell with its own counts, its output in its own log, printed whole when it ends (so no
+# two jobs' lines interleave), its counts and failures added to the summary in job order.
+#
+# JOBS holds one job per element, a command line (functions of this file) split on spaces.
+run_jobs() {
+    local max=${POLYOP_CI_JOBS:-2} dir=$LOGDIR/jobs
+    mkdir -p "$dir"
+    local n=${#JOBS[@]} next=0 running=0 k
+    local -a state=() pids=() # state: "", "run", "done" per job
+    while [ "$next" -lt "$n" ] || [ "$running" -gt 0 ]; do
+        while [ "$running" -lt "$max" ] && [ "$next" -lt "$n" ]; do
+            k=$next
+            next=$((next + 1))
+            printf -- '---- start %s [+%ss]\n' "${JOBS[$k]}" "$(($(date +%s) - START))"
+            (
+                PASSED=0 FAILED=0 SKIPPED=0
+                FAILURES=() DETAILS=()
+                # shellcheck disable=SC2086  # a job is a command line split on spaces
+                ${JOBS[$k]} >"$dir/$k.log" 2>&1
+                {
+                    echo "$PASSED $FAILED $SKIPPED"
+                    for x in "${FAILURES[@]+"${FAILURES[@]}"}"; do echo "F $x"; done
+                    for x in "${DETAILS[@]+"${DETAILS[@]}"}"; do echo "W $x"; done
+                } >"$dir/$k.res"
+                touch "$dir/$k.done"
+            ) &
+            pids[k]=$!
+            state[k]=run
+            running=$((running + 1))
+        done
+        sleep 1
+        for k in "${!state[@]}"; do
+            # done, or died before it could say so (its pid gone: bash reaps its children)
+            if [ "${state[k]}" = run ] && { [ -e "$dir/$k.done" ] || ! kill -0 "${pids[k]}" 2>/dev/null; }; then
+                wait "${pids[k]}" 2>/dev/null || true # its status is in its .res file
+                cat "$dir/$k.log"
+                printf -- '---- end %s [+%ss]\n' "${JOBS[$k]}" "$(($(date +%s) - START))"
+                state[k]=done
+                running=$((running - 1))
+            fi
+        done
     done
-    run_pytest tests/test_mindspore.py 600 "$ROOT/.venv-mindspore/bin/python"
-    run_pytest conformance/test_harness.py 600
-    run_pytest conformance/test_conformance.py 3600
-    # polyop's libraries under Valgrind memcheck (NumPy core + ONNX Runtime, about 35 s):
-    # invalid reads/writes, uninitialised values and definite leaks in libpolyop_* / _core.
-    check "valgrind memcheck (ci/memcheck.sh)" 900 bash ci/memcheck.sh
+    for ((k = 0; k < n; k++)); do
+        if [ ! -s "$dir/$k.res" ]; then
+            fail "${JOBS[$k]}: no result (the job died)"
+            continue
+        fi
+        local p f s line
+        read -r p f s <"$dir/$k.res"
+        PASSED=$((PASSED + p))
+        FAILED=$((FAILED + f))
+        SKIPPED=$((SKIPPED + s))
+        while IFS= read -r line; do
+            case $line in
+            "F "*) FAILURES+=("${line#F }") ;;
+            "W "*) DETAILS+=("${line#W }") ;;
+            esac
+        done < <(tail -n +2 "$dir/$k.res")
+    done
+}
+
+# The Python test files, one job each but for those that must run in order (run_pytests), the
+# longest first so that the last to start are short. MindSpore's file runs in its own
+# environment, the conformance suite and memcheck after them.
+test_jobs() {
+    # files that build examples/guide (polyop.load_crate's build and the guide's own)
+    local guide="tests/test_author_wheel.py tests/test_authoring_guide.py"
+    # the slowest single files (a cold run on a 2-core machine), in order
+    local heavy="tests/test_rust_tch.py tests/test_authoring.py tests/test_rust_ort.py
+        tests/test_bench.py tests/test_properties_onnxruntime.py tests/test_properties_jax.py
+        tests/test_compat.py conformance/test_conformance.py"
+    JOBS=("run_pytest tests/test_rust_tch.py 3600" rust_checks)
+    local t
+    for t in $heavy; do
+        [ "$t" = tests/test_rust_tch.py ] || JOBS+=("run_pytest $t 3600")
+    done
+    JOBS+=("run_pytests $guide")
+    for t in tests/test_*.py; do
+        case " $guide $(echo $heavy) tests/test_mindspore.py " in
+        *" $t "*) continue ;;
+        esac
+        JOBS+=("run_pytest $t 1800")
+    done
+    JOBS+=("run_pytest tests/test_mindspore.py 600 $ROOT/.venv-mindspore/bin/python"
+        "run_pytest conformance/test_harness.py 600"
+        # polyop's libraries under Valgrind memcheck (NumPy core + ONNX Runtime, about 35 s):
+        # invalid reads/writes, uninitialised values and definite leaks in libpolyop_* / _core.
+        "check valgrind-memcheck 900 bash ci/memcheck.sh")
+}
+
+# The compat frameworks (tests/_compat.py, about 10 GB of wheels) are downloaded in the
+# background as soon as set-up has installed the project venv, while it builds the Rust
+# libraries: by the time tests/test_compat.py runs they are in place (it waits for an install
+# in progress, and retries one that failed).
+prefetch_compat() {
+    local want
+    want=$(sha256sum ci/requirements.lock | cut -d' ' -f1)
+    until [ "$(cat .venv/.polyop-requirements.sha256 2>/dev/null)" = "$want" ]; do
+        sleep 5
+    done
+    .venv/bin/python tests/_compat.py
+}
+
+main() {
+    cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+    ROOT=$PWD
+    START=$(date +%s)
+    # CI builds from scratch or from the cache: incremental state and full debug info are
+    # only disk (1.7 GB and most of target/debug's 3 GB of deps) there
+    export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
+    if ! ensure_disk 32 16; then
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+    link_caches
+    LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/polyop-ci.XXXXXX")
+
+    timeout 3600 bash -c "$(declare -f prefetch_compat); prefetch_compat" >"$LOGDIR/compat-prefetch.log" 2>&1 &
+    local prefetch=$!
+    trap 'kill $prefetch 2>/dev/null' EXIT
+
+    # the first run installs several GB of frameworks and builds everything
+    if ! bounded "ci/setup.sh" 5400 bash ci/setup.sh; then
+        echo "ci/setup.sh failed (or timed out)"
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+    section "set-up done"
+
+    VPY=$ROOT/.venv/bin/python
+    export PYO3_PYTHON=$VPY POLYOP_SETUP_DONE=1
+    export PATH="$ROOT/.venv/bin:$PATH"
+
+    test_jobs
+    run_jobs
+    cat "$LOGDIR/compat-prefetch.log"
 
     rm -rf "$LOGDIR"
     section "summary ($(($(date +%s) - START))s)"

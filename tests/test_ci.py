@@ -100,3 +100,32 @@ def test_every_committed_lockfile_is_current():
         if p.returncode != 0:
             p = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, f"{lock} is stale (run cargo metadata in {d.relative_to(REPO)}):\n{p.stderr[-1500:]}"
+
+
+def test_jobs_side_by_side_add_up_and_keep_their_output_together(tmp_path):
+    # run_jobs: two at a time, each job's counts and failures in the summary, each job's
+    # output printed whole (no interleaving), a job that dies counted as failed
+    (tmp_path / "test_slow.py").write_text(
+        "import time\n\ndef test_a():\n    time.sleep(3)\n\ndef test_b():\n    assert 0, 'slow b'\n")
+    (tmp_path / "test_quick.py").write_text("def test_c():\n    pass\n")
+    (tmp_path / "test_more.py").write_text("def test_d():\n    pass\n\ndef test_e():\n    pass\n")
+    script = """
+START=$(date +%s)
+died() { kill -9 $BASHPID; }
+JOBS=("run_pytest test_slow.py 120" "run_pytests test_quick.py test_more.py" died)
+run_jobs
+"""
+    out = _ci(tmp_path, script)
+    assert "4 passed, 2 failed" in out.splitlines(), out
+    assert "FAILED: pytest test_slow.py: 1 failed" in out, out
+    assert "FAILED: died: no result (the job died)" in out, out
+    assert any(l.startswith("WHY: test_slow.py::test_b: ") and "slow b" in l for l in out.splitlines()), out
+    lines = out.splitlines()
+    # side by side: the second job starts before the first ends
+    assert next(i for i, l in enumerate(lines) if l.startswith("---- start run_pytests test_quick")) < next(
+        i for i, l in enumerate(lines) if l.startswith("---- end run_pytest test_slow.py")), out
+    # each job's output whole: between a job's first section and its end line, no other job's
+    for name, first in (("run_pytest test_slow.py", "test_slow.py"), ("run_pytests test_quick", "test_quick.py")):
+        a = next(i for i, l in enumerate(lines) if l.startswith(f"==== pytest {first}"))
+        b = next(i for i, l in enumerate(lines) if l.startswith(f"---- end {name}"))
+        assert not [l for l in lines[a:b] if l.startswith("----")], out

@@ -3,66 +3,24 @@ the pinned frameworks (ci/requirements.lock) pass each framework's test file und
 release too. The newest releases are pinned in ``ci/compat.lock`` (raise them there, rerun,
 record the result in docs/compat.md).
 
-Each version is installed with pip into its own directory (``.cache/compat/<pkg>-<version>``,
-git-ignored, reused when complete) and put first on ``PYTHONPATH`` for a child pytest of the
-framework's test file, which runs the same ``target/release`` library the pinned tests use."""
+Each version is installed with pip into its own directory (tests/_compat.py, which CI starts
+early, in the background) and put first on ``PYTHONPATH`` for a child pytest of the framework's
+test file, which runs the same ``target/release`` library the pinned tests use."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _compat import COLUMNS, ORT_BEFORE_OPTIONAL_FIX, TORCH_TOO_OLD
+from _compat import install as _install
+from _compat import pins as _pins
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCK = ROOT / "ci" / "compat.lock"
-
-
-def _pins() -> dict[str, str]:
-    pins = {}
-    for line in LOCK.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[name.strip()] = version.strip()
-    return pins
-
-
-#: package -> (the test file it must pass, whether its dependencies come along)
-COLUMNS = {
-    # torch's CUDA dependencies are pinned exactly per release: they must come along
-    "torch": ("tests/test_torch.py", True),
-    # onnxruntime's few pure-Python dependencies are in the project venv already
-    "onnxruntime": ("tests/test_onnxruntime.py", False),
-}
-
-
-def _prune(keep: set[str]) -> None:
-    """Delete installs of versions this file no longer uses (a raised pin leaves its old one,
-    GBs for torch, in a build cache that CI keeps between runs)."""
-    for d in (ROOT / ".cache" / "compat").glob("*-*"):
-        if d.name not in keep:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def _install(pkg: str, version: str) -> Path:
-    d = ROOT / ".cache" / "compat" / f"{pkg}-{version}"
-    done = d / ".complete"
-    if not done.exists():
-        _prune({f"{p}-{v}" for p, v in _pins().items()}
-               | {f"onnxruntime-{ORT_BEFORE_OPTIONAL_FIX}", f"torch-{TORCH_TOO_OLD}"})
-        args = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                "--upgrade", "--target", str(d), f"{pkg}=={version}"]
-        if not COLUMNS[pkg][1]:
-            args.insert(4, "--no-deps")
-        p = subprocess.run(args, capture_output=True, text=True, timeout=1500)
-        assert p.returncode == 0, p.stderr[-4000:]
-        done.write_text(version)
-    return d
 
 
 @pytest.mark.parametrize("pkg", sorted(COLUMNS))
@@ -82,11 +40,6 @@ def test_newest_release_passes_the_framework_tests(pkg):
     assert p.returncode == 0 and " passed" in tail and "failed" not in tail, (
         f"{test_file} under {pkg} {version}:\n" + p.stdout[-6000:] + p.stderr[-3000:]
     )
-
-
-#: The newest onnxruntime whose shape-inference context crashed on an absent optional input
-#: (inside onnxruntime; 1.24 fixed it). The adapter gives such ops no shape function there.
-ORT_BEFORE_OPTIONAL_FIX = "1.23.2"
 
 
 def test_onnxruntime_1_23_survives_an_absent_optional_input():
@@ -124,10 +77,6 @@ def test_onnxruntime_1_23_survives_an_absent_optional_input():
     # before the fix: "Fatal Python error: Segmentation fault" inside onnxruntime
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout[-2000:] + p.stderr[-3000:]
     assert "requested API version" not in p.stderr, p.stderr  # no probe of a newer API table
-
-
-#: A torch older than the libraries' stable-ABI floor: refused with both versions named.
-TORCH_TOO_OLD = "2.12.1"
 
 
 def test_torch_abi_floor_matches_the_build():
