@@ -1,0 +1,2 @@
+// Empty: its presence makes cargo resolve this crate's build dependencies (Cargo.toml).
+fn main() {}
