@@ -42,7 +42,23 @@ install_lock() {
     fi
 }
 
-# 2. Pinned Python packages (ci/requirements.lock is the single pin file), downloaded while
+# 2. MindSpore in its own environment, in the background from the start (its downloads beside
+#    the project venv's, not after them): MindSpore 2.10 needs numpy<2, .venv has numpy 2.
+#    Pinned by ci/mindspore.lock (installed when its hash changes, as in step 3); polyop is
+#    importable there from the checkout through a .pth file (polyop._core is abi3, so the
+#    extension maturin builds below serves this interpreter too).
+MS=.venv-mindspore
+(
+    if [ ! -x "$MS/bin/python" ]; then
+        log "creating $MS"
+        "$VPY" -m venv "$MS"
+    fi
+    install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
+    "$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"
+) &
+ms_pid=$!
+
+# 3. Pinned Python packages (ci/requirements.lock is the single pin file), downloaded while
 #    cargo builds the crates that need no framework (the kernels, the ONNX Runtime, XLA and
 #    MindSpore adapters): the network and the CPUs both busy, not one after the other.
 export PYO3_PYTHON="$VPY"
@@ -54,21 +70,6 @@ if ! cargo build --release -p polyop-kernels -p polyop-onnxruntime -p polyop-xla
     exit 1
 fi
 wait "$pip_pid" || { log "pip install of ci/requirements.lock failed"; exit 1; }
-
-# 3. MindSpore in its own environment, in the background: MindSpore 2.10 needs numpy<2, .venv
-#    has numpy 2. Pinned by ci/mindspore.lock (installed when its hash changes, as in step 2);
-#    polyop is importable there from the checkout through a .pth file (polyop._core is abi3,
-#    so the extension maturin builds below serves this interpreter too).
-MS=.venv-mindspore
-(
-    if [ ! -x "$MS/bin/python" ]; then
-        log "creating $MS"
-        "$VPY" -m venv "$MS"
-    fi
-    install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
-    "$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"
-) &
-ms_pid=$!
 
 # 4. Rust: the rest of the workspace, the torch and TensorFlow adapters, which compile and
 #    link against the frameworks' wheels (target/release/libpolyop_*.so). The Python
