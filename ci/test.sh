@@ -276,18 +276,17 @@ run_jobs() {
 test_jobs() {
     # files that build examples/guide (polyop.load_crate's build and the guide's own)
     local guide="tests/test_author_wheel.py tests/test_authoring_guide.py"
-    # the slowest single files (a cold run on a 2-core machine), in order
-    local heavy="tests/test_rust_tch.py tests/test_authoring.py tests/test_rust_ort.py
-        tests/test_bench.py tests/test_properties_onnxruntime.py tests/test_properties_jax.py
-        tests/test_compat.py conformance/test_conformance.py"
+    # the slowest single files (a cold run on a 2-core machine), in order; the Rust checks
+    # start beside the first
+    local heavy="tests/test_authoring.py tests/test_rust_ort.py tests/test_bench.py
+        tests/test_properties_onnxruntime.py tests/test_properties_jax.py tests/test_compat.py
+        conformance/test_conformance.py"
     JOBS=("run_pytest tests/test_rust_tch.py 3600" rust_checks)
     local t
-    for t in $heavy; do
-        [ "$t" = tests/test_rust_tch.py ] || JOBS+=("run_pytest $t 3600")
-    done
+    for t in $heavy; do JOBS+=("run_pytest $t 3600"); done
     JOBS+=("run_pytests $guide")
     for t in tests/test_*.py; do
-        case " $guide $(echo $heavy) tests/test_mindspore.py " in
+        case " tests/test_rust_tch.py $guide $(echo $heavy) tests/test_mindspore.py " in
         *" $t "*) continue ;;
         esac
         JOBS+=("run_pytest $t 1800")
