@@ -1432,51 +1432,15 @@ pub fn gelu_tanh_narrow_slice(src: &[f32], dst: &mut [f32]) {
     )
 }
 
+// the ulp helpers shared with the optimised sweeps in tests/vmath_dense.rs
+#[cfg(test)]
+#[path = "../tests/util/ulp.rs"]
+mod ulp;
+
 #[cfg(test)]
 mod tests {
+    use super::ulp::*;
     use super::*;
-
-    /// Distance in f32 ulps (of the reference rounded to f32) between `got` and `want`.
-    fn ulps(got: f32, want: f64) -> f64 {
-        if got as f64 == want {
-            return 0.0;
-        }
-        let w = want as f32;
-        let ulp = if w == 0.0 || w.is_subnormal() {
-            f32::from_bits(1) as f64
-        } else {
-            let b = w.abs().to_bits();
-            (f32::from_bits(b + 1) - f32::from_bits(b)) as f64
-        };
-        (got as f64 - want).abs() / ulp
-    }
-
-    /// Every f32 in [lo, hi] whose bits are a multiple of `step`.
-    fn sweep(lo: f32, hi: f32, step: u32, mut f: impl FnMut(f32)) {
-        for bits in (0..=u32::MAX).step_by(step as usize) {
-            let x = f32::from_bits(bits);
-            if x >= lo && x <= hi {
-                f(x);
-            }
-        }
-    }
-
-    fn max_ulps(
-        lo: f32,
-        hi: f32,
-        step: u32,
-        f: impl Fn(f32) -> f32,
-        r: impl Fn(f64) -> f64,
-    ) -> (f64, f32) {
-        let mut worst = (0.0, 0.0);
-        sweep(lo, hi, step, |x| {
-            let u = ulps(f(x), r(x as f64));
-            if u > worst.0 {
-                worst = (u, x);
-            }
-        });
-        worst
-    }
 
     #[test]
     fn exp_within_2_ulp() {
@@ -1695,12 +1659,6 @@ mod tests {
         assert!(norm_cdf_f32(f32::NAN).is_nan());
     }
 
-    /// gelu in f64, from libm's erfc (independent of this module): x Phi(x) with
-    /// Phi(x) = erfc(-x / sqrt 2) / 2, relative accuracy in the negative tail.
-    fn gelu_erf_ref(x: f64) -> f64 {
-        0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
-    }
-
     /// gelu's tanh form in f64: x / (1 + e^(-2u)), evaluated without cancellation.
     fn gelu_tanh_ref(x: f64) -> f64 {
         let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
@@ -1782,14 +1740,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gelu_erf_mid_range_dense() {
-        // every f32 in [-4, 4] whose bits are a multiple of 7 (~300M inputs), the range the
-        // fast path covers (the whole-range sweep above steps too coarsely for it alone)
-        let (u, x) = max_ulps(-GELU_MID, GELU_MID, 7, gelu_erf_mid, gelu_erf_ref);
-        eprintln!("gelu erf, |x| <= {GELU_MID}: max {u} ulp (at {x:e})");
-        assert!(u <= 4.0, "gelu erf mid: {u} ulp at {x:e}");
-    }
+    // The dense sweep of gelu's fast range (300M inputs) is in tests/vmath_dense.rs, run
+    // optimised.
 
     /// Inputs that mix the fast and the general paths within and across chunks: normal
     /// values, the bounds, tails, zeros, subnormals, infinities, NaN.
