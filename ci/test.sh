@@ -177,11 +177,7 @@ rust_checks() {
         cargo clippy --workspace --all-targets --quiet -- -D warnings
 
     section "cargo test --workspace"
-    # and the dense vmath sweeps (kernels/tests/vmath_dense.rs, ignored in the debug build),
-    # optimised: the release build of polyop-kernels from set-up is reused, and the gelu sweep
-    # takes 135 s there instead of ~500 s at opt-level 0
-    bounded "cargo test --workspace" 3600 bash -c 'cargo test --workspace --no-fail-fast &&
-        cargo test --release -p polyop-kernels --test vmath_dense' 2>&1 |
+    bounded "cargo test --workspace" 3600 cargo test --workspace --no-fail-fast 2>&1 |
         tee "$LOGDIR/cargo-test.log"
     local rc=${PIPESTATUS[0]}
     local p f i
