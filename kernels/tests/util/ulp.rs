@@ -1,6 +1,6 @@
 //! Ulp distances and sweeps over f32 bit patterns, for checking the vector math
 //! (`polyop_kernels::vmath`) against float64 references. Shared by vmath's unit tests
-//! (`#[path]`) and the optimised dense sweeps in `tests/vmath_dense.rs`.
+//! (`#[path]`) and the optimised dense sweeps in `kernels/sweeps/tests/vmath_dense.rs`.
 #![allow(dead_code)]
 
 /// Distance in f32 ulps (of the reference rounded to f32) between `got` and `want`.
