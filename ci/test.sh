@@ -335,7 +335,10 @@ main() {
 
     timeout 3600 bash -c "$(declare -f prefetch_compat); prefetch_compat" >"$LOGDIR/compat-prefetch.log" 2>&1 &
     local prefetch=$!
-    trap 'kill $prefetch 2>/dev/null' EXIT
+    # expanded now: at exit the local is gone (it printed "prefetch: unbound variable" and
+    # left the prefetch running)
+    # shellcheck disable=SC2064
+    trap "kill $prefetch 2>/dev/null" EXIT
 
     # the first run installs several GB of frameworks and builds everything
     if ! bounded "ci/setup.sh" 5400 bash ci/setup.sh; then
