@@ -1432,7 +1432,7 @@ pub fn gelu_tanh_narrow_slice(src: &[f32], dst: &mut [f32]) {
     )
 }
 
-// the ulp helpers shared with the optimised sweeps in tests/vmath_dense.rs
+// the ulp helpers shared with the optimised sweeps in kernels/sweeps/tests/vmath_dense.rs
 #[cfg(test)]
 #[path = "../tests/util/ulp.rs"]
 mod ulp;
@@ -1740,8 +1740,8 @@ mod tests {
         }
     }
 
-    // The dense sweep of gelu's fast range (300M inputs) is in tests/vmath_dense.rs, run
-    // optimised.
+    // The dense sweep of gelu's fast range (300M inputs) is in
+    // kernels/sweeps/tests/vmath_dense.rs, run optimised.
 
     /// Inputs that mix the fast and the general paths within and across chunks: normal
     /// values, the bounds, tails, zeros, subnormals, infinities, NaN.
