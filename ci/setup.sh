@@ -9,6 +9,31 @@ ROOT=$PWD
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# make_venv DIR LOCK PY: the virtual environment DIR (with interpreter PY), unless it exists.
+# With POLYOP_VENV_CACHE set (CI's build cache, ci/test.sh), DIR is a link to a venv kept there,
+# one per lock file content and interpreter: the next run with the same pins reuses it whole
+# (its packages already installed, their mtimes unchanged) instead of downloading and unpacking
+# gigabytes again. The venv of an older lock is deleted. Nothing a run does writes into a venv
+# but set-up (pip below, maturin develop, MindSpore's .pth), which rewrites it for each checkout.
+make_venv() {
+    local dir=$1 lock=$2 py=$3 key home
+    [ -e "$dir" ] && return 0
+    if [ -z "${POLYOP_VENV_CACHE:-}" ]; then
+        log "creating $dir with $py"
+        "$py" -m venv "$dir"
+        return
+    fi
+    key=$({ cat "$lock"; "$py" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
+    home=$POLYOP_VENV_CACHE/${dir#.}
+    mkdir -p "$home"
+    find "$home" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
+    if [ ! -x "$home/$key/bin/python" ]; then
+        log "creating $home/$key with $py (cached for $lock)"
+        "$py" -m venv "$home/$key"
+    fi
+    ln -s "$home/$key" "$dir"
+}
+
 # 1. Python 3.11 virtual environment.
 if [ ! -x .venv/bin/python ]; then
     PY=${PYTHON:-}
@@ -22,8 +47,7 @@ if [ ! -x .venv/bin/python ]; then
         done
     fi
     [ -n "$PY" ] || { log "python3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1; }
-    log "creating .venv with $PY"
-    "$PY" -m venv .venv
+    make_venv .venv ci/requirements.lock "$PY"
 fi
 VPY=$ROOT/.venv/bin/python
 
@@ -49,10 +73,7 @@ install_lock() {
 #    extension maturin builds below serves this interpreter too).
 MS=.venv-mindspore
 (
-    if [ ! -x "$MS/bin/python" ]; then
-        log "creating $MS"
-        "$VPY" -m venv "$MS"
-    fi
+    [ -x "$MS/bin/python" ] || make_venv "$MS" ci/mindspore.lock "$VPY"
     install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
     "$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"
 ) &

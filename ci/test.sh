@@ -130,19 +130,33 @@ summary() {
 # are newer than anything built before it) and the compat installs (one directory per package
 # and version, tests/test_compat.py). Only paths a checkout does not have yet are linked, so a
 # developer's own target/ is never touched. POLYOP_CI_CACHE=none turns it off.
+#
+# Two more things make a warm cache pay off in a fresh clone. Set-up's venvs live in the
+# cache, one per lock file (POLYOP_VENV_CACHE, ci/setup.sh make_venv). And the clone's files
+# get mtimes by content (ci/source_mtimes.py: a file unchanged since the last run keeps the
+# mtime that run gave it), so cargo rebuilds only the crates whose sources changed: a clone's
+# files are all newer than anything built before, and every workspace crate was rebuilt in
+# every target directory (set-up's release build alone 240 s of wall time on 2 cores). Only
+# when this run links target/ itself (a fresh checkout): a developer's own builds are not
+# CI runs, and the record's reasoning holds only for a cache written by runs alone.
 CACHED_DIRS=(target examples/guide/target examples/pipeline/serve/target
     examples/rust_ort/target examples/rust_ort_ep/target examples/rust_tch/target examples/rust_tf/target
     examples/swiglu/target .cache/compat)
 link_caches() {
     local cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}
     [ "$cache" = none ] && return 0
-    local d
+    local d fresh=
+    [ -e target ] || [ -L target ] || fresh=1
     for d in "${CACHED_DIRS[@]}"; do
         if [ ! -e "$d" ] && [ ! -L "$d" ]; then
             mkdir -p "$cache/$d" "$(dirname "$d")" && ln -s "$cache/$d" "$d"
         fi
     done
     echo "build caches: $cache ($(du -sh "$cache" 2>/dev/null | cut -f1))"
+    export POLYOP_VENV_CACHE=$cache/venvs
+    if [ -n "$fresh" ]; then
+        python3 ci/source_mtimes.py "$cache/source-mtimes" || echo "source mtimes not set: every crate rebuilds"
+    fi
 }
 
 # A cold run writes about 30 GB (two venvs ~10, cargo targets ~9, compat installs ~12) on a

@@ -160,3 +160,46 @@ def test_every_build_of_the_stock_libraries_resolves_the_same_features():
         other = _features(*selection)
         differ = {k: (sorted(full[k]), sorted(other[k])) for k in full.keys() & other.keys() if full[k] != other[k]}
         assert not differ, f"{selection} resolves other features than the workspace build: {differ}"
+
+
+def test_source_mtimes_keep_unchanged_files_old_and_stamp_every_change_later(tmp_path):
+    """ci/source_mtimes.py: a file keeps the mtime the last run gave it only while its content
+    stays the same from run to run; any other content (changed, reverted to an older one, edited
+    and not committed) gets the new run's start, later than anything built before."""
+    import os
+    import time
+
+    repo, record = tmp_path / "repo", tmp_path / "record"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)
+    git("init", "-q")
+    (repo / "a.rs").write_text("fn a() {}\n")
+    (repo / "b.rs").write_text("fn b() {}\n")
+    git("add", ".")
+
+    def run() -> dict[str, float]:
+        for f in repo.iterdir():  # a fresh clone: every file written just now
+            if f.is_file():
+                os.utime(f, (time.time() + 1000, time.time() + 1000))
+        start = time.time()
+        p = subprocess.run([sys.executable, str(REPO / "ci" / "source_mtimes.py"), str(record)],
+                           cwd=repo, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        now = range(int(start), int(time.time()) + 1)  # the run's start, in whole seconds
+        return {n: (repo / n).stat().st_mtime for n in ("a.rs", "b.rs")}, now
+
+    first, now = run()  # no record: both get this run's start (not the clone's future time)
+    assert first["a.rs"] == first["b.rs"] in now, (first, now)
+    time.sleep(1.1)
+    (repo / "b.rs").write_text("fn b() { 1; }\n")  # an uncommitted edit counts
+    second, now = run()
+    assert second["a.rs"] == first["a.rs"] and second["b.rs"] in now, (first, second)
+    assert second["b.rs"] > first["b.rs"]
+    time.sleep(1.1)
+    (repo / "b.rs").write_text("fn b() {}\n")  # back to the first run's content
+    third, now = run()
+    assert third["a.rs"] == first["a.rs"] and third["b.rs"] in now, (first, third)
+    assert third["b.rs"] > second["b.rs"]
+    (repo / "c.rs").write_text("fn c() {}\n")  # untracked, not ignored: recorded too
+    run()
+    assert "c.rs" in record.read_text() and (repo / "c.rs").stat().st_mtime < time.time() + 100

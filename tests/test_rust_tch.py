@@ -38,7 +38,9 @@ def program() -> Path:
     # cargo reruns the build scripts when it changes, so a target directory cached from
     # another checkout (CI's build cache) is not reused with an rpath into that checkout's
     # venv (it was: all of this file failed, libtorch not found, once that clone was gone).
-    torch_dir = importlib.util.find_spec("torch").submodule_search_locations[0]
+    # Resolved: CI's venv is a link into its build cache (ci/setup.sh), the same from one
+    # clone to the next, so torch-sys's build (minutes) stays fresh across CI runs.
+    torch_dir = os.path.realpath(importlib.util.find_spec("torch").submodule_search_locations[0])
     env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET), LIBTORCH_USE_PYTORCH=torch_dir,
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     p = subprocess.run(["cargo", "build", "--release", "--manifest-path", str(EX / "Cargo.toml")],
