@@ -56,7 +56,9 @@ run_pytest() {
     xml="$LOGDIR/$(echo "$file" | tr '/' '_').xml"
     rm -f "$xml"
     section "pytest $file"
-    bounded "pytest $file" "$secs" "$py" -m pytest -q -p no:cacheprovider --junit-xml="$xml" "$file"
+    # --durations: the log names each file's slowest tests (where CI's time goes)
+    bounded "pytest $file" "$secs" "$py" -m pytest -q -p no:cacheprovider --durations=8 --durations-min=15 \
+        --junit-xml="$xml" "$file"
     local rc=$?
     if [ "$rc" -eq 124 ]; then
         fail "pytest $file: timed out after $((secs * SCALE))s"
