@@ -159,8 +159,13 @@ link_caches() {
     # JAX's persistent compilation cache (its own key: the program, jaxlib, the flags; a
     # program that changed is a miss, and polyop's custom calls are looked up by name when an
     # executable loads): XLA compiles were 27% of the XLA conformance worker's time (gelu: 51
-    # s cold, 37 s warm, the same results). LRU-bounded at 512 MiB (1.5 MB for those 364).
-    export JAX_COMPILATION_CACHE_DIR=$cache/jax JAX_COMPILATION_CACHE_MAX_SIZE=$((512 << 20)) \
+    # s cold, 37 s warm, the same results). Bounded here, whole, at the start of a run: JAX's
+    # own bound (JAX_COMPILATION_CACHE_MAX_SIZE) walks the whole directory on every entry it
+    # writes, quadratic in the entries (one XLA conformance run writes about 8000).
+    if [ "$(du -sm "$cache/jax" 2>/dev/null | cut -f1)" -gt 1024 ] 2>/dev/null; then
+        rm -rf "$cache/jax"
+    fi
+    export JAX_COMPILATION_CACHE_DIR=$cache/jax \
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
     if [ -n "$fresh" ]; then
         python3 ci/source_mtimes.py "$cache/source-mtimes" || echo "source mtimes not set: every crate rebuilds"
