@@ -15,7 +15,7 @@
 #   ci/memcheck.sh            # about 35 s on 2 cores (see docs/reliability.md)
 #   KEEP=1 ci/memcheck.sh     # keep the raw valgrind log (path printed)
 #
-# Not (yet) a step of ci/test.sh; it fits the 2-minute budget for one (docs/reliability.md).
+# A job of ci/test.sh (docs/reliability.md).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 VPY=${VPY:-$PWD/.venv/bin/python}

@@ -305,7 +305,7 @@ run_jobs() {
 # The Python test files, one job each but for those that must run in order (run_pytests), the
 # longest first so that the last to start are short. The conformance suite runs one job per
 # backend (about 5 to 10 minutes each on a 2-core machine, 45 in all: one job was the longest
-# by far). MindSpore's file runs in its own environment, memcheck last.
+# by far). MindSpore's file runs in its own environment.
 test_jobs() {
     # files that build examples/guide (polyop.load_crate's build and the guide's own)
     local guide="tests/test_author_wheel.py tests/test_authoring_guide.py"
@@ -327,7 +327,10 @@ test_jobs() {
     for t in $ids; do
         case " $(echo $heavy) " in *" $t "*) ;; *) JOBS+=("run_pytest $t 3600") ;; esac
     done
-    JOBS+=("run_pytests $guide")
+    # polyop's libraries under Valgrind memcheck (NumPy core + ONNX Runtime; 139 s alone at the
+    # end of a run): invalid reads/writes, uninitialised values and definite leaks in
+    # libpolyop_* / _core. Early, beside other jobs: last, it was the run's single-lane tail.
+    JOBS+=("check valgrind-memcheck 900 bash ci/memcheck.sh" "run_pytests $guide")
     for t in tests/test_*.py; do
         case " tests/test_rust_tch.py $guide $(echo $heavy) tests/test_mindspore.py " in
         *" $t "*) continue ;;
@@ -335,10 +338,7 @@ test_jobs() {
         JOBS+=("run_pytest $t 1800")
     done
     JOBS+=("run_pytest tests/test_mindspore.py 600 $ROOT/.venv-mindspore/bin/python"
-        "run_pytest conformance/test_harness.py 600"
-        # polyop's libraries under Valgrind memcheck (NumPy core + ONNX Runtime, about 35 s):
-        # invalid reads/writes, uninitialised values and definite leaks in libpolyop_* / _core.
-        "check valgrind-memcheck 900 bash ci/memcheck.sh")
+        "run_pytest conformance/test_harness.py 600")
 }
 
 # The compat frameworks (tests/_compat.py, about 10 GB of wheels) are downloaded in the

@@ -460,7 +460,12 @@ def test_handle_ownership_under_valgrind(program, tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps({"calls": calls}))
     log = tmp_path / "memcheck.log"
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
-    p = subprocess.run(["valgrind", "--leak-check=full", "--show-leak-kinds=definite", f"--log-file={log}",
+    # --undef-value-errors=no: this test's claims are frees and leaks, which memcheck checks
+    # without tracking definedness (addressability and the heap are tracked either way); it
+    # runs in 103 s instead of 141 (ci/memcheck.sh checks uninitialised values, on the
+    # NumPy and ONNX Runtime routes)
+    p = subprocess.run(["valgrind", "--undef-value-errors=no", "--leak-check=full",
+                        "--show-leak-kinds=definite", f"--log-file={log}",
                         str(program), polyop.library_path("torch"), str(tmp_path / "spec.json")],
                        capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
