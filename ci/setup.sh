@@ -17,12 +17,14 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # but set-up (pip below, maturin develop, MindSpore's .pth), which rewrites it for each checkout.
 make_venv() {
     local dir=$1 lock=$2 py=$3 key home
-    [ -e "$dir" ] && return 0
-    if [ -z "${POLYOP_VENV_CACHE:-}" ]; then
+    [ -x "$dir/bin/python" ] && return 0
+    # a directory there (a developer's broken venv) is repaired in place, not replaced
+    if [ -z "${POLYOP_VENV_CACHE:-}" ] || { [ -e "$dir" ] && [ ! -L "$dir" ]; }; then
         log "creating $dir with $py"
         "$py" -m venv "$dir"
         return
     fi
+    rm -f "$dir" # a link to a cached venv since deleted
     key=$({ cat "$lock"; "$py" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
     home=$POLYOP_VENV_CACHE/${dir#.}
     mkdir -p "$home"
