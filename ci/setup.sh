@@ -9,7 +9,7 @@ ROOT=$PWD
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# make_venv DIR LOCK PY: the virtual environment DIR (with interpreter PY), unless it exists.
+# make_venv DIR LOCK PY: the virtual environment DIR (with interpreter PY), unless it has one.
 # With POLYOP_VENV_CACHE set (CI's build cache, ci/test.sh), DIR is a link to a venv kept there,
 # one per lock file content and interpreter: the next run with the same pins reuses it whole
 # (its packages already installed, their mtimes unchanged) instead of downloading and unpacking
@@ -75,7 +75,7 @@ install_lock() {
 #    extension maturin builds below serves this interpreter too).
 MS=.venv-mindspore
 (
-    [ -x "$MS/bin/python" ] || make_venv "$MS" ci/mindspore.lock "$VPY"
+    make_venv "$MS" ci/mindspore.lock "$VPY"
     install_lock "$MS" ci/mindspore.lock "first run: a 767 MB wheel"
     "$MS/bin/python" -c 'import site, sys; open(site.getsitepackages()[0] + "/polyop-checkout.pth", "w").write(sys.argv[1] + "\n")' "$ROOT/python"
 ) &

@@ -3,8 +3,10 @@ whose tests it hid, and a step that hangs fails with its name (no step may stall
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,9 +168,6 @@ def test_source_mtimes_keep_unchanged_files_old_and_stamp_every_change_later(tmp
     """ci/source_mtimes.py: a file keeps the mtime the last run gave it only while its content
     stays the same from run to run; any other content (changed, reverted to an older one, edited
     and not committed) gets the new run's start, later than anything built before."""
-    import os
-    import time
-
     repo, record = tmp_path / "repo", tmp_path / "record"
     repo.mkdir()
     git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)
@@ -177,7 +176,7 @@ def test_source_mtimes_keep_unchanged_files_old_and_stamp_every_change_later(tmp
     (repo / "b.rs").write_text("fn b() {}\n")
     git("add", ".")
 
-    def run() -> dict[str, float]:
+    def run() -> tuple[dict[str, float], range]:
         for f in repo.iterdir():  # a fresh clone: every file written just now
             if f.is_file():
                 os.utime(f, (time.time() + 1000, time.time() + 1000))
