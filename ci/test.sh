@@ -204,9 +204,10 @@ rust_checks() {
         cargo clippy --workspace --all-targets --quiet -- -D warnings
 
     section "cargo test --workspace"
-    # then the dense vmath sweeps (kernels/sweeps, ignored in the debug build) optimised: their
+    # then the vmath ulp sweeps (kernels/sweeps, ignored in the debug build) optimised: their
     # package has no dev-dependencies, so its release test build reuses set-up's release build
-    # of the kernels (the gelu sweep: 135 s, ~500 s at opt-level 0)
+    # of the kernels (the dense gelu sweep: 135 s, ~500 s at opt-level 0; the others ~45 s,
+    # 140 s among the kernels' unit tests at opt-level 0)
     bounded "cargo test --workspace" 3600 bash -c 'cargo test --workspace --no-fail-fast &&
         cargo test --release -p polyop-kernel-sweeps' 2>&1 |
         tee "$LOGDIR/cargo-test.log"

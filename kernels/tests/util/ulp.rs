@@ -51,3 +51,14 @@ pub fn max_ulps(
 pub fn gelu_erf_ref(x: f64) -> f64 {
     0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
 }
+
+/// gelu's tanh form in f64: x / (1 + e^(-2u)), evaluated without cancellation.
+pub fn gelu_tanh_ref(x: f64) -> f64 {
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    if u >= 0.0 {
+        x / (1.0 + (-2.0 * u).exp())
+    } else {
+        let e = (2.0 * u).exp();
+        x * e / (1.0 + e)
+    }
+}
