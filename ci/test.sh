@@ -141,17 +141,35 @@ summary() {
 # every target directory (set-up's release build alone 240 s of wall time on 2 cores). Only
 # when this run links target/ itself (a fresh checkout): a developer's own builds are not
 # CI runs, and the record's reasoning holds only for a cache written by runs alone.
+#
+# The examples' target directories are kept per checkout directory (`checkouts/<key>`, the
+# three used last), not shared: an example's workspace reaches polyop's crates by paths outside
+# it, which cargo hashes whole, so a checkout elsewhere builds them as other units, yet the
+# outputs of a library that is also a cdylib (polyop-onnxruntime, polyop-torch, swiglu's) have
+# no hash in their names and are shared by both. A run from /tmp after one from elsewhere
+# found its own units fresh and linked the other checkout's rlib of polyop-onnxruntime, built
+# against another kernel_core: "multiple different versions of crate `kernel_core`", 20 tests
+# failed. (The workspace's own crates are hashed by their paths inside it: target/ is shared.)
 CACHED_DIRS=(target examples/guide/target examples/pipeline/serve/target
     examples/rust_ort/target examples/rust_ort_ep/target examples/rust_tch/target examples/rust_tf/target
     examples/swiglu/target .cache/compat)
 link_caches() {
     local cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}
     [ "$cache" = none ] && return 0
-    local d fresh=
+    local d to fresh= here
     [ -e target ] || [ -L target ] || fresh=1
+    here=$cache/checkouts/$(pwd -P | sha256sum | cut -c1-16)
+    mkdir -p "$here" && touch "$here"
+    # the least recently used checkouts' sets beyond three, and the shared layout of before
+    ls -1dt "$cache"/checkouts/*/ | tail -n +4 | xargs -r rm -rf
+    rm -rf "$cache/examples"
     for d in "${CACHED_DIRS[@]}"; do
+        case $d in
+        examples/*) to=$here/$d ;;
+        *) to=$cache/$d ;;
+        esac
         if [ ! -e "$d" ] && [ ! -L "$d" ]; then
-            mkdir -p "$cache/$d" "$(dirname "$d")" && ln -s "$cache/$d" "$d"
+            mkdir -p "$to" "$(dirname "$d")" && ln -s "$to" "$d"
         fi
     done
     echo "build caches: $cache ($(du -sh "$cache" 2>/dev/null | cut -f1))"

@@ -82,6 +82,32 @@ def test_a_warm_cache_is_kept_when_a_warm_run_fits(tmp_path):
     assert "ROOM" in out and "deleting" not in out and cache.exists(), out
 
 
+def test_examples_targets_are_kept_per_checkout_and_the_workspace_target_shared(tmp_path):
+    """An example's target directory is its checkout's own (cargo builds the polyop crates it
+    reaches by paths outside its workspace as other units from elsewhere, but names a cdylib
+    crate's outputs without a hash: shared, one checkout's rlib was linked into another's
+    build); the workspace's target/ is shared; the three checkouts used last keep theirs."""
+    cache = tmp_path / "cache"
+    (cache / "examples" / "rust_ort" / "target").mkdir(parents=True)  # the shared layout before
+    dirs = ["target", "examples/rust_ort/target", "examples/swiglu/target"]
+    seen = {}
+    for name in ["a", "b", "c", "d"]:
+        checkout = tmp_path / name
+        checkout.mkdir()
+        out = _ci(checkout, f"POLYOP_CI_CACHE={cache} link_caches")
+        seen[name] = {d: Path(os.path.realpath(checkout / d)) for d in dirs}
+        assert all(p.is_dir() for p in seen[name].values()), (name, out)
+        time.sleep(0.05)
+    assert {seen[n]["target"] for n in seen} == {cache / "target"}, seen
+    for d in dirs[1:]:
+        assert len({seen[n][d] for n in seen}) == 4, (d, seen)
+        assert all(cache / "checkouts" in seen[n][d].parents for n in seen), seen
+    assert not (cache / "examples").exists()
+    assert len(list((cache / "checkouts").iterdir())) == 3
+    assert not seen["a"]["examples/rust_ort/target"].exists()  # the least recently used
+    assert all(seen[n]["examples/rust_ort/target"].is_dir() for n in "bcd")
+
+
 def test_every_committed_lockfile_is_current():
     # A workspace dependency added without refreshing an example's Cargo.lock makes cargo
     # rewrite it during the tests: the authoring tests' content hash then changes under them
