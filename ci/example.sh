@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
-VPY=${POLYOP_PYTHON:-$ROOT/.venv/bin/python}
+# (the venv by its resolved directory, as ci/setup.sh builds with: the example's build
+# scripts see one interpreter path from every checkout)
+VPY=${POLYOP_PYTHON:-$(cd "$ROOT/.venv" && pwd -P)/bin/python}
 export POLYOP_PYTHON=$VPY
 MANIFEST=examples/swiglu/Cargo.toml
 LIBS=examples/swiglu/target/release

@@ -51,7 +51,12 @@ if [ ! -x .venv/bin/python ]; then
     [ -n "$PY" ] || { log "python3.11 not found (set PYTHON=/path/to/python3.11)"; exit 1; }
     make_venv .venv ci/requirements.lock "$PY"
 fi
-VPY=$ROOT/.venv/bin/python
+# The venv by its resolved directory (CI's is a link into the build cache): the interpreter
+# path the builds see (PYO3_PYTHON, maturin's VIRTUAL_ENV, the package directories found
+# through it) is then the same from every checkout, and cargo does not rerun the build scripts
+# that depend on it (the torch and TensorFlow adapters, pyo3) for a checkout elsewhere.
+VENV=$(cd .venv && pwd -P)
+VPY=$VENV/bin/python
 
 # install_lock VENV LOCK WHAT: pip-install the pinned LOCK file into VENV, skipped when the
 # lock has not changed since the last successful install (its sha256 is stamped in VENV).
@@ -106,7 +111,7 @@ fi
 
 # 5. The Python package (editable: python/polyop + the compiled polyop._core).
 log "maturin develop --release"
-if ! out=$(VIRTUAL_ENV="$ROOT/.venv" PATH="$ROOT/.venv/bin:$PATH" maturin develop --release 2>&1); then
+if ! out=$(VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" maturin develop --release 2>&1); then
     printf '%s\n' "$out" >&2
     log "maturin develop failed"
     exit 1

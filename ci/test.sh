@@ -402,9 +402,13 @@ main() {
     fi
     section "set-up done"
 
-    VPY=$ROOT/.venv/bin/python
+    # by the venv's resolved directory, as ci/setup.sh builds with (the same path from every
+    # checkout: the build scripts that depend on it stay fresh in the cached targets)
+    local venv
+    venv=$(cd "$ROOT/.venv" && pwd -P)
+    VPY=$venv/bin/python
     export PYO3_PYTHON=$VPY POLYOP_SETUP_DONE=1
-    export PATH="$ROOT/.venv/bin:$PATH"
+    export PATH="$venv/bin:$PATH"
 
     test_jobs
     run_jobs

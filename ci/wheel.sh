@@ -6,7 +6,6 @@
 # link against, and maturin from it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$PWD
 OUT=${1:-dist}
 
 # CI has just run set-up (and runs other tests beside this one: set-up's `maturin develop`
@@ -17,5 +16,8 @@ mkdir -p python/polyop/lib
 for fw in torch tensorflow onnxruntime xla; do
     cp "target/release/libpolyop_$fw.so" python/polyop/lib/
 done
-VIRTUAL_ENV="$ROOT/.venv" PATH="$ROOT/.venv/bin:$PATH" maturin build --release -o "$OUT" >&2
+# (the venv by its resolved directory, as ci/setup.sh's `maturin develop` runs: one interpreter
+# path for pyo3's build from every checkout)
+VENV=$(cd .venv && pwd -P)
+VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" maturin build --release -o "$OUT" >&2
 ls -1 "$OUT"/polyop-*.whl | tail -n 1

@@ -40,8 +40,13 @@ pub fn pythons() -> Vec<Python> {
     if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
         if let Some(venv) = Path::new(&dir)
             .ancestors()
-            .map(|d| d.join(".venv/bin/python"))
-            .find(|p| p.exists())
+            .map(|d| d.join(".venv"))
+            .find(|v| v.join("bin/python").exists())
+            // the venv directory resolved (not its python, a link to the base interpreter):
+            // where `.venv` is a link to a venv kept elsewhere (CI's build cache), the path,
+            // the package directories found through it and the `rerun-if-changed` lines are
+            // the same from every checkout, so a checkout elsewhere does not rerun this build
+            .map(|v| std::fs::canonicalize(&v).unwrap_or(v).join("bin/python"))
         {
             out.push(Python {
                 source: format!(
@@ -130,6 +135,30 @@ mod tests {
         assert_eq!(c[0].source, "POLYOP_PYTHON");
         assert_eq!(c[1].path, Path::new("/nonexistent/venv/bin/python"));
         assert_eq!(c.last().unwrap().source, "python3 on PATH");
+        // a checkout whose `.venv` is a link to a venv kept elsewhere (CI's build cache): the
+        // candidate is the venv's resolved path, the same from any checkout linking to it
+        let tmp = std::env::temp_dir().join(format!("polyop-build-test-{}", std::process::id()));
+        let kept = tmp.join("cache/venv-key");
+        std::fs::create_dir_all(kept.join("bin")).unwrap();
+        std::fs::write(kept.join("bin/python"), "").unwrap();
+        let checkouts = [tmp.join("checkout-a"), tmp.join("checkout-b")];
+        let manifest = std::env::var_os("CARGO_MANIFEST_DIR");
+        for checkout in &checkouts {
+            std::fs::create_dir_all(checkout.join("crate")).unwrap();
+            std::os::unix::fs::symlink(&kept, checkout.join(".venv")).unwrap();
+            std::env::set_var("CARGO_MANIFEST_DIR", checkout.join("crate"));
+            let c = pythons();
+            assert_eq!(
+                c[2].path,
+                std::fs::canonicalize(&kept).unwrap().join("bin/python"),
+                "{checkout:?}"
+            );
+        }
+        match manifest {
+            Some(m) => std::env::set_var("CARGO_MANIFEST_DIR", m),
+            None => std::env::remove_var("CARGO_MANIFEST_DIR"),
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
         std::env::remove_var("POLYOP_NO_SUCH_DIR");
         let e = package_dir("polyop_no_such_package", "POLYOP_NO_SUCH_DIR").unwrap_err();
         assert!(
