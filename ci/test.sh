@@ -153,8 +153,11 @@ summary() {
 CACHED_DIRS=(target examples/guide/target examples/pipeline/serve/target
     examples/rust_ort/target examples/rust_ort_ep/target examples/rust_tch/target examples/rust_tf/target
     examples/swiglu/target .cache/compat)
+# The build cache's directory ("none": no cache).
+ci_cache() { echo "${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}"; }
 link_caches() {
-    local cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}
+    local cache
+    cache=$(ci_cache)
     [ "$cache" = none ] && return 0
     local d to fresh= here
     [ -e target ] || [ -L target ] || fresh=1
@@ -199,7 +202,8 @@ link_caches() {
 # measured free space (tests/test_ci.py).
 free_gb() { echo "${POLYOP_CI_FREE_GB:-$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')}"; }
 ensure_disk() {
-    local cold=$1 warm=$2 cache=${POLYOP_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/polyop-ci}
+    local cold=$1 warm=$2 cache
+    cache=$(ci_cache)
     local free
     free=$(free_gb)
     [ "$free" -ge "$cold" ] && return 0
