@@ -164,7 +164,7 @@ link_caches() {
     here=$cache/checkouts/$(pwd -P | sha256sum | cut -c1-16)
     mkdir -p "$here" && touch "$here"
     # the least recently used checkouts' sets beyond three, and the shared layout of before
-    ls -1dt "$cache"/checkouts/*/ | tail -n +4 | xargs -r rm -rf
+    ls -1dt "$cache"/checkouts/*/ | tail -n +4 | xargs -r -d "\n" rm -rf
     rm -rf "$cache/examples"
     for d in "${CACHED_DIRS[@]}"; do
         case $d in
