@@ -145,6 +145,16 @@ pub trait Real: Num + num_traits::Float + Scalar<C = Self> {
         }
         false
     }
+    /// `dst = softmax(src)` for a row of this type (not a 16-bit float row's) with the bits of
+    /// softmax.rs's general path, in one explicit-SIMD routine where the type and the CPU have
+    /// one (f32 at the AVX-512 level: [`crate::vmath::softmax_row_f32`], sums in blocks of
+    /// `block`); false where not, or where the row leaves the fast path (then `dst` is
+    /// unfinished and the caller runs the general path).
+    #[inline(always)]
+    fn softmax_row_simd(src: &[Self], dst: &mut [Self], block: usize) -> bool {
+        let _ = (src, dst, block);
+        false
+    }
     /// `dst[i] = src[i].gelu_tanh()` (`narrow`: `gelu_tanh_narrow()`), same bits, as
     /// [`Real::gelu_erf_slice`].
     #[inline(always)]
@@ -181,6 +191,10 @@ impl Real for f32 {
     #[inline(always)]
     fn gelu_tanh(self) -> Self {
         crate::vmath::gelu_tanh_f32(self)
+    }
+    #[inline(always)]
+    fn softmax_row_simd(src: &[Self], dst: &mut [Self], block: usize) -> bool {
+        crate::vmath::softmax_row_f32(src, dst, block)
     }
     #[inline(always)]
     fn exp_diff(self, m: Self, narrow: bool) -> Self {

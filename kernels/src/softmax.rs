@@ -245,6 +245,9 @@ fn max_into<S: Copy, C: Real>(acc: &mut [C; ACC], a: &[S], to_c: impl Fn(S) -> C
 /// maximum the general [`exp_minus`], which gives those rows' NaNs.
 #[inline(always)]
 fn softmax_row<C: Real>(src: &[C], dst: &mut [C], next: NextRow, narrow: bool) {
+    if !narrow && src.len() <= SIMD_ROW_MAX && C::softmax_row_simd(src, dst, SUM_BLOCK) {
+        return;
+    }
     let (sum, fast) = exp_row(src, dst, next, narrow);
     div_by_sum(dst, sum, fast, narrow);
 }
@@ -352,6 +355,14 @@ impl NextRow {
         }
     }
 }
+
+/// The longest row [`softmax_row`] hands to [`Real::softmax_row_simd`]: rows shorter than
+/// [`GRAIN`]. Longer rows keep the general path, which prefetches the next row while it
+/// computes this one (their tasks are runs of rows for that, see `softmax_k`); from memory (64
+/// rows of 65536) the fused routine, which does not, was no faster, while in cache it ran rows
+/// of 128, 1024 and 65536 at 1.3-1.6 times the general path's rate (`op_loop softmax_short`,
+/// `softmax_long`, `softmax_wide`, one thread, AVX-512).
+const SIMD_ROW_MAX: usize = GRAIN - 1;
 
 /// Elements per block of [`exp_sum`]'s sum: each of the [`ACC`] f32 partials adds 16
 /// terms, then goes into an f64 partial.

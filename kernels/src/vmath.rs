@@ -820,37 +820,25 @@ unsafe fn max_chunks_avx2<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize 
     c
 }
 
-/// [`exp_diff_chunks`] in AVX-512: each chunk is one vector of [`exp_diff_fast`]'s
-/// operations, in its order (as [`exp_diff_chunks_avx2`], one 16-lane vector where that has
-/// two of 8). Left to the compiler, the AVX-512 build of the caller ran at 0.7 of the AVX2
-/// one.
+/// `exp_diff_fast(x, m)` (or, `NARROW`, `exp_narrow_fast(x, m)`) on sixteen lanes, given
+/// `dd = x - m` and `neg_m = -m`: the operations of the scalar formula in its order
+/// (`a.mul_add(b, c)` is `fmadd(a, b, c)`, one rounding either way), for lanes with
+/// `dd >= EXP_FAST_MIN` (normal results). Shared by [`exp_diff_chunks_avx512`] and
+/// [`softmax_row_avx512`].
 ///
 /// # Safety
-/// The CPU must support AVX-512F.
+/// The CPU must support AVX-512F; inlined into a function compiled for it.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn exp_diff_chunks_avx512<S: VecElem, const NARROW: bool>(
-    s: &[S],
-    m: f32,
-    d: &mut [f32],
-    acc: &mut [f32; CHUNK],
-) -> usize {
+#[inline(always)]
+unsafe fn exp_diff_fast16<const NARROW: bool>(
+    x: std::arch::x86_64::__m512,
+    dd: std::arch::x86_64::__m512,
+    vneg_m: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    let chunks = s.len().min(d.len()) / CHUNK;
-    let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
-    let (vm, vneg_m) = (_mm512_set1_ps(m), _mm512_set1_ps(-m));
-    let (vmin, magic) = (_mm512_set1_ps(EXP_FAST_MIN), _mm512_set1_ps(MAGIC));
-    // SAFETY: `acc` has CHUNK = 16 elements
-    let mut sum = unsafe { _mm512_loadu_ps(acc.as_ptr()) };
-    let mut c = 0;
-    while c < chunks {
-        let at = c * CHUNK;
-        // SAFETY: chunk `c < chunks` is elements `at .. at + CHUNK`, inside `s` and `d`
-        let x = unsafe { S::load16(sp.add(at)) };
-        let dd = _mm512_sub_ps(x, vm);
-        if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
-            break;
-        }
+    // SAFETY: the caller runs with AVX-512F (these intrinsics' feature); no memory is touched
+    unsafe {
+        let magic = _mm512_set1_ps(MAGIC);
         let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
         let n = _mm512_sub_ps(k, magic);
         let p = if NARROW {
@@ -877,9 +865,203 @@ unsafe fn exp_diff_chunks_avx512<S: VecElem, const NARROW: bool>(
             let q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(EXP_C[4]), r2, b), r2, a);
             _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0))
         };
-        // p * 2^n in one instruction: exact, as the product with 2^n is, for these normal
-        // results (n in [-125, 0])
-        let y = _mm512_scalef_ps(p, n);
+        // p * 2^n in one instruction: exact, as the product with 2^n is, for these normal results
+        // (n in [-125, 0])
+        _mm512_scalef_ps(p, n)
+    }
+}
+
+/// One whole softmax row of f32 (`d = softmax(s)`, `s` and `d` of one length) in one
+/// explicit-SIMD routine where the CPU has AVX-512, for the bits of softmax.rs's general path
+/// (`softmax_row`: the maximum, the exponentials stored and summed in blocks of `block`
+/// elements through f32 and f64 partials, the f64 tree, the corrected division), which it
+/// transcribes lane for lane; returns false, `d` unfinished, where that path would leave its
+/// fast formula (an element with `x - max < EXP_FAST_MIN`: -inf, NaN, a wide spread; an
+/// infinite maximum) or the CPU lacks AVX-512, and the caller runs the general path. Rows of
+/// 128 (attention's) took 2.2 times ONNX Runtime's time through the general path: its passes
+/// handed the partials and the maximum on through the stack, and each pass had its own
+/// entry and tail code.
+#[inline(always)]
+pub fn softmax_row_f32(s: &[f32], d: &mut [f32], block: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::common::simd_level() == crate::common::SimdLevel::Avx512 {
+        // SAFETY: the CPU has AVX-512F (`simd_level` never reports a level it lacks)
+        return unsafe { softmax_row_avx512(s, d, block) };
+    }
+    let _ = (s, d, block);
+    false
+}
+
+/// [`softmax_row_f32`] in AVX-512: whole chunks of [`CHUNK`] as vectors, the row's last
+/// `n % CHUNK` elements as one masked vector (its lanes are those of the general path's
+/// scalar tail: the same formula, [`exp_diff_f32`] giving [`exp_diff_fast`]'s bits where both
+/// apply, into partials `0 .. n % CHUNK`).
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn softmax_row_avx512(s: &[f32], d: &mut [f32], block: usize) -> bool {
+    use std::arch::x86_64::*;
+    let n = s.len();
+    if d.len() != n || n == 0 || block == 0 || !block.is_multiple_of(CHUNK) {
+        return false;
+    }
+    let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
+    let full = n / CHUNK * CHUNK;
+    let tail: __mmask16 = ((1u32 << (n % CHUNK)) - 1) as __mmask16;
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    // the maximum, in four chains of chunks (`max_ps(x, a)` is `if x > a { x } else { a }`: a
+    // NaN never wins; a maximum is exact in any order); the tail's missing lanes are -inf
+    let (mut m0, mut m1, mut m2, mut m3) = (ninf, ninf, ninf, ninf);
+    let mut i = 0;
+    while i + 4 * CHUNK <= full {
+        // SAFETY: elements `i .. i + 4 CHUNK`, `i + 4 CHUNK <= n`, are inside `s`
+        let (x0, x1, x2, x3) = unsafe {
+            let p = sp.add(i);
+            (
+                _mm512_loadu_ps(p),
+                _mm512_loadu_ps(p.add(CHUNK)),
+                _mm512_loadu_ps(p.add(2 * CHUNK)),
+                _mm512_loadu_ps(p.add(3 * CHUNK)),
+            )
+        };
+        m0 = _mm512_max_ps(x0, m0);
+        m1 = _mm512_max_ps(x1, m1);
+        m2 = _mm512_max_ps(x2, m2);
+        m3 = _mm512_max_ps(x3, m3);
+        i += 4 * CHUNK;
+    }
+    while i < full {
+        // SAFETY: elements `i .. i + CHUNK`, `i + CHUNK <= n`, are inside `s`
+        m0 = _mm512_max_ps(unsafe { _mm512_loadu_ps(sp.add(i)) }, m0);
+        i += CHUNK;
+    }
+    if tail != 0 {
+        // SAFETY: the mask's lanes are elements `full .. n`, inside `s` (masked-off lanes are
+        // not read, faults included)
+        m1 = _mm512_max_ps(
+            unsafe { _mm512_mask_loadu_ps(ninf, tail, sp.add(full)) },
+            m1,
+        );
+    }
+    let m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2)));
+    if !m.is_finite() {
+        return false;
+    }
+    // the exponentials, stored and summed: per block, f32 partial `j` takes the elements `i`
+    // with `i % CHUNK == j`, then goes into f64 partial `j` (`wlo`: 0 .. 8, `whi`: 8 .. 16)
+    let (vm, vneg_m, vmin) = (
+        _mm512_set1_ps(m),
+        _mm512_set1_ps(-m),
+        _mm512_set1_ps(EXP_FAST_MIN),
+    );
+    let (mut wlo, mut whi) = (_mm512_setzero_pd(), _mm512_setzero_pd());
+    let mut at = 0;
+    while at < n {
+        let end = (at + block).min(n);
+        let mut acc = _mm512_setzero_ps();
+        let mut i = at;
+        while i + CHUNK <= end {
+            // SAFETY: elements `i .. i + CHUNK`, `i + CHUNK <= n`, are inside `s` and `d`
+            let x = unsafe { _mm512_loadu_ps(sp.add(i)) };
+            let dd = _mm512_sub_ps(x, vm);
+            if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
+                return false;
+            }
+            // SAFETY: this function's features, which the helper is inlined into; `d` as above
+            unsafe {
+                let y = exp_diff_fast16::<false>(x, dd, vneg_m);
+                _mm512_storeu_ps(dp.add(i), y);
+                acc = _mm512_add_ps(acc, y);
+            }
+            i += CHUNK;
+        }
+        if i < end {
+            // the row's tail (a block is a whole number of chunks, so only the last block's)
+            // SAFETY: the mask's lanes are elements `full .. n`, inside `s` and `d`
+            unsafe {
+                let x = _mm512_maskz_loadu_ps(tail, sp.add(i));
+                let dd = _mm512_sub_ps(x, vm);
+                if _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(tail, dd, vmin) != tail {
+                    return false;
+                }
+                let y = exp_diff_fast16::<false>(x, dd, vneg_m);
+                _mm512_mask_storeu_ps(dp.add(i), tail, y);
+                acc = _mm512_mask_add_ps(acc, tail, acc, y);
+            }
+        }
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+        wlo = _mm512_add_pd(wlo, _mm512_cvtps_pd(_mm512_castps512_ps256(acc)));
+        whi = _mm512_add_pd(whi, _mm512_cvtps_pd(hi));
+        at = end;
+    }
+    // `tree_sum`'s order: partial j + partial j + 8, then j + 4, j + 2, j + 1
+    let s8 = _mm512_add_pd(wlo, whi);
+    let s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd::<1>(s8));
+    let s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd::<1>(s4));
+    let sum = (_mm_cvtsd_f64(s2) + _mm_cvtsd_f64(_mm_unpackhi_pd(s2, s2))) as f32;
+    // `v / sum` as `div_markstein`: q = v (1 / sum), corrected by one FMA of the remainder
+    let rcp = 1.0 / sum;
+    let (vs, vr, zero) = (
+        _mm512_set1_ps(sum),
+        _mm512_set1_ps(rcp),
+        _mm512_setzero_ps(),
+    );
+    let quotient = |v: __m512| {
+        let q = _mm512_mul_ps(v, vr);
+        let rem = _mm512_fmadd_ps(_mm512_sub_ps(zero, q), vs, v);
+        _mm512_fmadd_ps(rem, vr, q)
+    };
+    let mut i = 0;
+    while i < full {
+        // SAFETY: elements `i .. i + CHUNK`, `i + CHUNK <= n`, are inside `d`
+        unsafe { _mm512_storeu_ps(dp.add(i), quotient(_mm512_loadu_ps(dp.add(i)))) };
+        i += CHUNK;
+    }
+    if tail != 0 {
+        // SAFETY: the mask's lanes are elements `full .. n`, inside `d`
+        unsafe {
+            let v = _mm512_maskz_loadu_ps(tail, dp.add(full));
+            _mm512_mask_storeu_ps(dp.add(full), tail, quotient(v));
+        }
+    }
+    true
+}
+
+/// [`exp_diff_chunks`] in AVX-512: each chunk is one vector of [`exp_diff_fast`]'s
+/// operations, in its order (as [`exp_diff_chunks_avx2`], one 16-lane vector where that has
+/// two of 8). Left to the compiler, the AVX-512 build of the caller ran at 0.7 of the AVX2
+/// one.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn exp_diff_chunks_avx512<S: VecElem, const NARROW: bool>(
+    s: &[S],
+    m: f32,
+    d: &mut [f32],
+    acc: &mut [f32; CHUNK],
+) -> usize {
+    use std::arch::x86_64::*;
+    let chunks = s.len().min(d.len()) / CHUNK;
+    let (sp, dp) = (s.as_ptr(), d.as_mut_ptr());
+    let (vm, vneg_m) = (_mm512_set1_ps(m), _mm512_set1_ps(-m));
+    let vmin = _mm512_set1_ps(EXP_FAST_MIN);
+    // SAFETY: `acc` has CHUNK = 16 elements
+    let mut sum = unsafe { _mm512_loadu_ps(acc.as_ptr()) };
+    let mut c = 0;
+    while c < chunks {
+        let at = c * CHUNK;
+        // SAFETY: chunk `c < chunks` is elements `at .. at + CHUNK`, inside `s` and `d`
+        let x = unsafe { S::load16(sp.add(at)) };
+        let dd = _mm512_sub_ps(x, vm);
+        if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
+            break;
+        }
+        // SAFETY: this function's features (AVX-512F), which the helper is inlined into
+        let y = unsafe { exp_diff_fast16::<NARROW>(x, dd, vneg_m) };
         // SAFETY: as the load
         unsafe { _mm512_storeu_ps(dp.add(at), y) };
         sum = _mm512_add_ps(sum, y);
