@@ -69,6 +69,19 @@ fn main() {
         "softmax_long" => (vec![tensor(n, &[1, n], dt, val)], vec![]),
         // rows of 128 (attention scores of a 128-token sequence)
         "softmax_short" => (vec![tensor(n, &[n / 128, 128], dt, val)], vec![]),
+        // the same rows under a causal mask (row i of each 128 x 128 keeps i + 1 elements, the
+        // rest -inf), as a decoder's attention
+        "softmax_causal" => {
+            let causal = |i: usize| {
+                let (row, col) = ((i / 128) % 128, i % 128);
+                if col <= row {
+                    val(i)
+                } else {
+                    f32::NEG_INFINITY
+                }
+            };
+            (vec![tensor(n, &[n / 128, 128], dt, causal)], vec![])
+        }
         // rows of 65536 (the benchmark's long rows; OP_LOOP_N=4194304 for its 64 of them)
         "softmax_wide" => (vec![tensor(n, &[n / 65536, 65536], dt, val)], vec![]),
         "rms_norm" => (vec![r, w], vec![]),
@@ -100,7 +113,7 @@ fn main() {
     let op = polyop_kernels::registry()
         .lookup(match name {
             "gelu_tanh" => "gelu",
-            "softmax_long" | "softmax_wide" | "softmax_short" => "softmax",
+            "softmax_long" | "softmax_wide" | "softmax_short" | "softmax_causal" => "softmax",
             _ if is_conv => "conv2d",
             _ => name,
         })

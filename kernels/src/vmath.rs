@@ -820,50 +820,92 @@ unsafe fn max_chunks_avx2<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize 
     c
 }
 
-/// `exp_diff_fast(x, m)` (or, `NARROW`, `exp_narrow_fast(x, m)`) on sixteen lanes, given
-/// `dd = x - m` and `neg_m = -m`: the operations of the scalar formula in its order
-/// (`a.mul_add(b, c)` is `fmadd(a, b, c)`, one rounding either way), for lanes with
-/// `dd >= EXP_FAST_MIN` (normal results). Shared by [`exp_diff_chunks_avx512`] and
-/// [`softmax_row_avx512`].
+/// `exp_diff_core(d, err)` on sixteen lanes: `(p, n, k)`, `n` the power of two as a float and
+/// `k` holding it as an integer in its low bits (the operations of the scalar formula in its
+/// order; `a.mul_add(b, c)` is `fmadd(a, b, c)`, one rounding either way).
 ///
 /// # Safety
 /// The CPU must support AVX-512F; inlined into a function compiled for it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn exp_diff_fast16<const NARROW: bool>(
-    x: std::arch::x86_64::__m512,
-    dd: std::arch::x86_64::__m512,
-    vneg_m: std::arch::x86_64::__m512,
-) -> std::arch::x86_64::__m512 {
+unsafe fn exp_diff_core16(
+    d: std::arch::x86_64::__m512,
+    err: std::arch::x86_64::__m512,
+) -> [std::arch::x86_64::__m512; 3] {
     use std::arch::x86_64::*;
     // SAFETY: the caller runs with AVX-512F (these intrinsics' feature); no memory is touched
     unsafe {
         let magic = _mm512_set1_ps(MAGIC);
-        let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
+        let k = _mm512_fmadd_ps(d, _mm512_set1_ps(LOG2E), magic);
         let n = _mm512_sub_ps(k, magic);
-        let p = if NARROW {
-            // `exp_narrow_fast(x, m)`'s polynomial, as in `exp_diff_chunks_avx2`
+        let r = _mm512_add_ps(
+            _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), d),
+            _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), err),
+        );
+        let r2 = _mm512_mul_ps(r, r);
+        let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[1]), r, _mm512_set1_ps(EXP_C[0]));
+        let b = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[3]), r, _mm512_set1_ps(EXP_C[2]));
+        let q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(EXP_C[4]), r2, b), r2, a);
+        let p = _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0));
+        [p, n, k]
+    }
+}
+
+/// `two_diff(x, m)`'s rounding error on sixteen lanes, given `dd = x - m` and `neg_m = -m`.
+///
+/// # Safety
+/// As [`exp_diff_core16`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn two_diff_err16(
+    x: std::arch::x86_64::__m512,
+    dd: std::arch::x86_64::__m512,
+    neg_m: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: as `exp_diff_core16`
+    unsafe {
+        let bb = _mm512_sub_ps(dd, x);
+        _mm512_add_ps(
+            _mm512_sub_ps(x, _mm512_sub_ps(dd, bb)),
+            _mm512_sub_ps(neg_m, bb),
+        )
+    }
+}
+
+/// `exp_diff_fast(x, m)` (or, `NARROW`, `exp_narrow_fast(x, m)`) on sixteen lanes, given
+/// `dd = x - m` and `neg_m = -m`, for lanes with `dd >= EXP_FAST_MIN` (normal results).
+/// Shared by [`exp_diff_chunks_avx512`] and [`softmax_row_avx512`].
+///
+/// # Safety
+/// As [`exp_diff_core16`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn exp_diff_fast16<const NARROW: bool>(
+    x: std::arch::x86_64::__m512,
+    dd: std::arch::x86_64::__m512,
+    neg_m: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: as `exp_diff_core16`
+    unsafe {
+        let (p, n) = if NARROW {
+            // `exp_narrow_fast(x, m)`'s formula, as in `exp_diff_chunks_avx2`
+            let magic = _mm512_set1_ps(MAGIC);
+            let k = _mm512_fmadd_ps(dd, _mm512_set1_ps(LOG2E), magic);
+            let n = _mm512_sub_ps(k, magic);
             let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-std::f32::consts::LN_2), dd);
             let r2 = _mm512_mul_ps(r, r);
             let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_N[1]), r, _mm512_set1_ps(EXP_N[0]));
             let q = _mm512_fmadd_ps(_mm512_set1_ps(EXP_N[2]), r2, a);
-            _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0))
+            (
+                _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0)),
+                n,
+            )
         } else {
-            // `exp_diff_fast(x, m)`'s, as in `exp_diff_chunks_avx2`
-            let bb = _mm512_sub_ps(dd, x);
-            let err = _mm512_add_ps(
-                _mm512_sub_ps(x, _mm512_sub_ps(dd, bb)),
-                _mm512_sub_ps(vneg_m, bb),
-            );
-            let r = _mm512_add_ps(
-                _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), dd),
-                _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), err),
-            );
-            let r2 = _mm512_mul_ps(r, r);
-            let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[1]), r, _mm512_set1_ps(EXP_C[0]));
-            let b = _mm512_fmadd_ps(_mm512_set1_ps(EXP_C[3]), r, _mm512_set1_ps(EXP_C[2]));
-            let q = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(EXP_C[4]), r2, b), r2, a);
-            _mm512_add_ps(_mm512_fmadd_ps(q, r2, r), _mm512_set1_ps(1.0))
+            // `exp_diff_fast(x, m)`'s
+            let [p, n, _] = exp_diff_core16(dd, two_diff_err16(x, dd, neg_m));
+            (p, n)
         };
         // p * 2^n in one instruction: exact, as the product with 2^n is, for these normal results
         // (n in [-125, 0])
@@ -871,13 +913,55 @@ unsafe fn exp_diff_fast16<const NARROW: bool>(
     }
 }
 
+/// `exp_diff_f32(x, m)` on sixteen lanes (`x` not NaN, `m` finite), given `dd = x - m` and
+/// `neg_m = -m`: the clamp at -105, the power of two in two normal halves (gradual underflow
+/// rounded once), 0 below e^-104. For the chunks of a softmax row with an element below
+/// `m + EXP_FAST_MIN` (an attention mask's -inf). (Written out: the scalar formula over an
+/// array, left to the compiler, took libm calls for its FMAs in a closure and ran at a sixth
+/// of the speed.)
+///
+/// # Safety
+/// As [`exp_diff_core16`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn exp_diff_general16(
+    x: std::arch::x86_64::__m512,
+    dd: std::arch::x86_64::__m512,
+    neg_m: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: as `exp_diff_core16`
+    unsafe {
+        let err = two_diff_err16(x, dd, neg_m);
+        let [p, _, k] = exp_diff_core16(_mm512_max_ps(dd, _mm512_set1_ps(-105.0)), err);
+        // n in [-152, 0]: 2^n as two normal halves, 2^h and 2^(n - h)
+        let ni = _mm512_sub_epi32(
+            _mm512_castps_si512(k),
+            _mm512_set1_epi32(MAGIC.to_bits() as i32),
+        );
+        let h = _mm512_srai_epi32::<1>(ni);
+        let bias = _mm512_set1_epi32(127);
+        let s1 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(h, bias)));
+        let s2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_sub_epi32(ni, h),
+            bias,
+        )));
+        let y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+        _mm512_maskz_mov_ps(
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(dd, _mm512_set1_ps(-104.0)),
+            y,
+        )
+    }
+}
+
 /// One whole softmax row of f32 (`d = softmax(s)`, `s` and `d` of one length) in one
 /// explicit-SIMD routine where the CPU has AVX-512, for the bits of softmax.rs's general path
 /// (`softmax_row`: the maximum, the exponentials stored and summed in blocks of `block`
 /// elements through f32 and f64 partials, the f64 tree, the corrected division), which it
-/// transcribes lane for lane; returns false, `d` unfinished, where that path would leave its
-/// fast formula (an element with `x - max < EXP_FAST_MIN`: -inf, NaN, a wide spread; an
-/// infinite maximum) or the CPU lacks AVX-512, and the caller runs the general path. Rows of
+/// transcribes lane for lane (a chunk with an element below `max + EXP_FAST_MIN`, such as an
+/// attention mask's -inf, takes [`exp_diff_f32`] as there); returns false, `d` unfinished, where
+/// that path leaves its fast formula (a NaN, an infinite maximum) or the CPU lacks AVX-512,
+/// and the caller runs the general path. Rows of
 /// 128 (attention's) took 2.2 times ONNX Runtime's time through the general path: its passes
 /// handed the partials and the maximum on through the stack, and each pass had its own
 /// entry and tail code.
@@ -966,15 +1050,20 @@ unsafe fn softmax_row_avx512(s: &[f32], d: &mut [f32], block: usize) -> bool {
             // SAFETY: elements `i .. i + CHUNK`, `i + CHUNK <= n`, are inside `s` and `d`
             let x = unsafe { _mm512_loadu_ps(sp.add(i)) };
             let dd = _mm512_sub_ps(x, vm);
-            if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) != 0xffff {
+            let y = if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) == 0xffff {
+                // SAFETY: this function's features, which the helper is inlined into
+                unsafe { exp_diff_fast16::<false>(x, dd, vneg_m) }
+            } else if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) != 0 {
                 return false;
-            }
-            // SAFETY: this function's features, which the helper is inlined into; `d` as above
-            unsafe {
-                let y = exp_diff_fast16::<false>(x, dd, vneg_m);
-                _mm512_storeu_ps(dp.add(i), y);
-                acc = _mm512_add_ps(acc, y);
-            }
+            } else {
+                // an underflowing element (a -inf, an attention mask's -3.4e38): the general
+                // formula, as the general path's chunk (`exp_diff_chunk`)
+                // SAFETY: this function's features, which the helper is inlined into
+                unsafe { exp_diff_general16(x, dd, vneg_m) }
+            };
+            // SAFETY: as the load
+            unsafe { _mm512_storeu_ps(dp.add(i), y) };
+            acc = _mm512_add_ps(acc, y);
             i += CHUNK;
         }
         if i < end {
@@ -983,10 +1072,14 @@ unsafe fn softmax_row_avx512(s: &[f32], d: &mut [f32], block: usize) -> bool {
             unsafe {
                 let x = _mm512_maskz_loadu_ps(tail, sp.add(i));
                 let dd = _mm512_sub_ps(x, vm);
-                if _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(tail, dd, vmin) != tail {
+                let y = if _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(tail, dd, vmin) == tail {
+                    exp_diff_fast16::<false>(x, dd, vneg_m)
+                } else if _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(tail, x, x) != 0 {
                     return false;
-                }
-                let y = exp_diff_fast16::<false>(x, dd, vneg_m);
+                } else {
+                    // (the general path's tail: `exp_diff_f32` lane by lane)
+                    exp_diff_general16(x, dd, vneg_m)
+                };
                 _mm512_mask_storeu_ps(dp.add(i), tail, y);
                 acc = _mm512_mask_add_ps(acc, tail, acc, y);
             }

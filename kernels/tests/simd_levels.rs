@@ -131,6 +131,15 @@ fn softmax_rows_of_every_length_same_bits_at_every_level() {
         }
     }
     rows.push(vec![3.0; 33]);
+    // attention rows under a causal mask: the masked elements -inf or float32's lowest, from
+    // one element kept to all but one masked
+    for masked in [f64::NEG_INFINITY, f32::MIN as f64] {
+        for keep in [1, 2, 15, 16, 17, 64, 127] {
+            let mut r = rng.vec(128, -6.0, 6.0);
+            r[keep..].iter_mut().for_each(|v| *v = masked);
+            rows.push(r);
+        }
+    }
     let _turn = LEVEL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut first: Option<Vec<Vec<kernel_core::OwnedTensor>>> = None;
     for level in levels() {
