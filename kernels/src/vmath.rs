@@ -735,41 +735,53 @@ pub fn max_chunks<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn max_chunks_avx512<S: VecElem>(s: &[S], acc: &mut [f32; CHUNK]) -> usize {
     use std::arch::x86_64::*;
+    // SAFETY: `acc` has CHUNK = 16 elements; this function's features, which the helper is
+    // inlined into
+    unsafe {
+        let m = max_chains16(s, _mm512_loadu_ps(acc.as_ptr()));
+        _mm512_storeu_ps(acc.as_mut_ptr(), m);
+    }
+    s.len() / CHUNK
+}
+
+/// `max(init, s[i])` lane by lane over the whole chunks of `s` (lane `j` takes the elements
+/// with `i % CHUNK == j`; `_mm512_max_ps(v, a)` is `if v > a { v } else { a }`, so a NaN never
+/// wins), in four chains of chunks merged at the end: a maximum is exact in any order. Shared
+/// by [`max_chunks_avx512`] and [`softmax_row_avx512`].
+///
+/// # Safety
+/// The CPU must support AVX-512F; inlined into a function compiled for it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn max_chains16<S: VecElem>(
+    s: &[S],
+    init: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
     let chunks = s.len() / CHUNK;
     let sp = s.as_ptr();
-    // SAFETY: `acc` has CHUNK = 16 elements
-    let mut m0 = unsafe { _mm512_loadu_ps(acc.as_ptr()) };
-    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let (mut m1, mut m2, mut m3) = (ninf, ninf, ninf);
-    let mut c = 0;
-    while c + 4 <= chunks {
-        // SAFETY: chunks `c .. c + 4`, `c + 4 <= chunks`, are elements `c * CHUNK ..
-        // (c + 4) * CHUNK`, inside `s`
-        let (x0, x1, x2, x3) = unsafe {
+    // SAFETY: the caller runs with AVX-512F (these intrinsics' feature); the loads as below
+    unsafe {
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let (mut m0, mut m1, mut m2, mut m3) = (init, ninf, ninf, ninf);
+        let mut c = 0;
+        while c + 4 <= chunks {
+            // chunks `c .. c + 4`, `c + 4 <= chunks`, are elements `c * CHUNK ..
+            // (c + 4) * CHUNK`, inside `s`
             let p = sp.add(c * CHUNK);
-            (
-                S::load16(p),
-                S::load16(p.add(CHUNK)),
-                S::load16(p.add(2 * CHUNK)),
-                S::load16(p.add(3 * CHUNK)),
-            )
-        };
-        m0 = _mm512_max_ps(x0, m0);
-        m1 = _mm512_max_ps(x1, m1);
-        m2 = _mm512_max_ps(x2, m2);
-        m3 = _mm512_max_ps(x3, m3);
-        c += 4;
+            m0 = _mm512_max_ps(S::load16(p), m0);
+            m1 = _mm512_max_ps(S::load16(p.add(CHUNK)), m1);
+            m2 = _mm512_max_ps(S::load16(p.add(2 * CHUNK)), m2);
+            m3 = _mm512_max_ps(S::load16(p.add(3 * CHUNK)), m3);
+            c += 4;
+        }
+        while c < chunks {
+            // chunk `c < chunks` is elements `c * CHUNK .. (c + 1) * CHUNK`, inside `s`
+            m0 = _mm512_max_ps(S::load16(sp.add(c * CHUNK)), m0);
+            c += 1;
+        }
+        _mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2))
     }
-    while c < chunks {
-        // SAFETY: chunk `c < chunks` is elements `c * CHUNK .. (c + 1) * CHUNK`, inside `s`
-        let x = unsafe { S::load16(sp.add(c * CHUNK)) };
-        m0 = _mm512_max_ps(x, m0);
-        c += 1;
-    }
-    let m = _mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2));
-    // SAFETY: as the first load
-    unsafe { _mm512_storeu_ps(acc.as_mut_ptr(), m) };
-    c
 }
 
 /// [`max_chunks`] in AVX2 (each chunk two vectors of 8; `_mm256_max_ps(v, a)` is
@@ -954,6 +966,34 @@ unsafe fn exp_diff_general16(
     }
 }
 
+/// `exp_diff_f32(x, m)`'s bits on the lanes of `mask` (`m` finite): [`exp_diff_fast16`] where
+/// every such lane is at least `m + EXP_FAST_MIN`, else [`exp_diff_general16`] (an underflowing
+/// element: a -inf, an attention mask's -3.4e38; the general path's `exp_diff_chunk` and its
+/// scalar tail give the same bits); None if such a lane is NaN.
+///
+/// # Safety
+/// As [`exp_diff_core16`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn exp_diff_lanes16(
+    mask: std::arch::x86_64::__mmask16,
+    x: std::arch::x86_64::__m512,
+    m: f32,
+) -> Option<std::arch::x86_64::__m512> {
+    use std::arch::x86_64::*;
+    // SAFETY: as `exp_diff_core16`
+    unsafe {
+        let (dd, neg_m) = (_mm512_sub_ps(x, _mm512_set1_ps(m)), _mm512_set1_ps(-m));
+        if _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(mask, dd, _mm512_set1_ps(EXP_FAST_MIN)) == mask {
+            Some(exp_diff_fast16::<false>(x, dd, neg_m))
+        } else if _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(mask, x, x) != 0 {
+            None
+        } else {
+            Some(exp_diff_general16(x, dd, neg_m))
+        }
+    }
+}
+
 /// One whole softmax row of f32 (`d = softmax(s)`, `s` and `d` of one length) in one
 /// explicit-SIMD routine where the CPU has AVX-512, for the bits of softmax.rs's general path
 /// (`softmax_row`: the maximum, the exponentials stored and summed in blocks of `block`
@@ -995,51 +1035,23 @@ unsafe fn softmax_row_avx512(s: &[f32], d: &mut [f32], block: usize) -> bool {
     let full = n / CHUNK * CHUNK;
     let tail: __mmask16 = ((1u32 << (n % CHUNK)) - 1) as __mmask16;
     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-    // the maximum, in four chains of chunks (`max_ps(x, a)` is `if x > a { x } else { a }`: a
-    // NaN never wins; a maximum is exact in any order); the tail's missing lanes are -inf
-    let (mut m0, mut m1, mut m2, mut m3) = (ninf, ninf, ninf, ninf);
-    let mut i = 0;
-    while i + 4 * CHUNK <= full {
-        // SAFETY: elements `i .. i + 4 CHUNK`, `i + 4 CHUNK <= n`, are inside `s`
-        let (x0, x1, x2, x3) = unsafe {
-            let p = sp.add(i);
-            (
-                _mm512_loadu_ps(p),
-                _mm512_loadu_ps(p.add(CHUNK)),
-                _mm512_loadu_ps(p.add(2 * CHUNK)),
-                _mm512_loadu_ps(p.add(3 * CHUNK)),
-            )
-        };
-        m0 = _mm512_max_ps(x0, m0);
-        m1 = _mm512_max_ps(x1, m1);
-        m2 = _mm512_max_ps(x2, m2);
-        m3 = _mm512_max_ps(x3, m3);
-        i += 4 * CHUNK;
-    }
-    while i < full {
-        // SAFETY: elements `i .. i + CHUNK`, `i + CHUNK <= n`, are inside `s`
-        m0 = _mm512_max_ps(unsafe { _mm512_loadu_ps(sp.add(i)) }, m0);
-        i += CHUNK;
-    }
+    // the maximum (`max_chains16`), the tail's missing lanes -inf
+    // SAFETY: this function's features, which the helper is inlined into
+    let mut mv = unsafe { max_chains16(s, ninf) };
     if tail != 0 {
         // SAFETY: the mask's lanes are elements `full .. n`, inside `s` (masked-off lanes are
         // not read, faults included)
-        m1 = _mm512_max_ps(
+        mv = _mm512_max_ps(
             unsafe { _mm512_mask_loadu_ps(ninf, tail, sp.add(full)) },
-            m1,
+            mv,
         );
     }
-    let m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2)));
+    let m = _mm512_reduce_max_ps(mv);
     if !m.is_finite() {
         return false;
     }
     // the exponentials, stored and summed: per block, f32 partial `j` takes the elements `i`
     // with `i % CHUNK == j`, then goes into f64 partial `j` (`wlo`: 0 .. 8, `whi`: 8 .. 16)
-    let (vm, vneg_m, vmin) = (
-        _mm512_set1_ps(m),
-        _mm512_set1_ps(-m),
-        _mm512_set1_ps(EXP_FAST_MIN),
-    );
     let (mut wlo, mut whi) = (_mm512_setzero_pd(), _mm512_setzero_pd());
     let mut at = 0;
     while at < n {
@@ -1049,17 +1061,9 @@ unsafe fn softmax_row_avx512(s: &[f32], d: &mut [f32], block: usize) -> bool {
         while i + CHUNK <= end {
             // SAFETY: elements `i .. i + CHUNK`, `i + CHUNK <= n`, are inside `s` and `d`
             let x = unsafe { _mm512_loadu_ps(sp.add(i)) };
-            let dd = _mm512_sub_ps(x, vm);
-            let y = if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(dd, vmin) == 0xffff {
-                // SAFETY: this function's features, which the helper is inlined into
-                unsafe { exp_diff_fast16::<false>(x, dd, vneg_m) }
-            } else if _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x) != 0 {
+            // SAFETY: this function's features, which the helper is inlined into
+            let Some(y) = (unsafe { exp_diff_lanes16(0xffff, x, m) }) else {
                 return false;
-            } else {
-                // an underflowing element (a -inf, an attention mask's -3.4e38): the general
-                // formula, as the general path's chunk (`exp_diff_chunk`)
-                // SAFETY: this function's features, which the helper is inlined into
-                unsafe { exp_diff_general16(x, dd, vneg_m) }
             };
             // SAFETY: as the load
             unsafe { _mm512_storeu_ps(dp.add(i), y) };
@@ -1071,14 +1075,8 @@ unsafe fn softmax_row_avx512(s: &[f32], d: &mut [f32], block: usize) -> bool {
             // SAFETY: the mask's lanes are elements `full .. n`, inside `s` and `d`
             unsafe {
                 let x = _mm512_maskz_loadu_ps(tail, sp.add(i));
-                let dd = _mm512_sub_ps(x, vm);
-                let y = if _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(tail, dd, vmin) == tail {
-                    exp_diff_fast16::<false>(x, dd, vneg_m)
-                } else if _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(tail, x, x) != 0 {
+                let Some(y) = exp_diff_lanes16(tail, x, m) else {
                     return false;
-                } else {
-                    // (the general path's tail: `exp_diff_f32` lane by lane)
-                    exp_diff_general16(x, dd, vneg_m)
                 };
                 _mm512_mask_storeu_ps(dp.add(i), tail, y);
                 acc = _mm512_mask_add_ps(acc, tail, acc, y);
