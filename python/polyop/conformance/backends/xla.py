@@ -35,6 +35,12 @@ def _present(case: Case):
     return [x for x in case.inputs if x is not None]
 
 
+def _on_device(xs) -> list:
+    """NumPy inputs as JAX arrays by a plain transfer: ``jnp.asarray`` stages a computation
+    for each new shape and dtype (5 ms a call, a sixth of this backend's time)."""
+    return [jax.device_put(np.asarray(x)) for x in xs]
+
+
 def _fn(case: Case, call=None):
     """f(*present_inputs) -> tuple of outputs."""
     present = [x is not None for x in case.inputs]
@@ -78,22 +84,28 @@ class XlaBackend(Backend):
         names = sorted({d for p in pattern if p is not None for d in p if isinstance(d, str)})
         syms = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
         specs = [jax.ShapeDtypeStruct(tuple(syms[d] if isinstance(d, str) else d for d in p),
-                                      jnp.asarray(x).dtype)
+                                      np.asarray(x).dtype)
                  for p, x in zip(pattern, case.inputs) if p is not None]
         exp = pj.export(_fn(case, self.call))(*specs)
-        return [[np.asarray(o) for o in exp.call(*[jnp.asarray(x) for x in _present(c)])]
-                for c in cases]
+        return [[np.asarray(o) for o in exp.call(*_on_device(_present(c)))] for c in cases]
+
+    #: (case, its jitted outputs) of the last case run in the ``jit`` mode: the ``eval_shape``
+    #: mode of the same case compares with them instead of compiling the op a second time.
+    _last_jit: tuple = (None, None)
 
     def _jit(self, case: Case):
-        return [np.asarray(o) for o in jax.jit(_fn(case, self.call))(*[jnp.asarray(x) for x in _present(case)])]
+        if self._last_jit[0] is case:
+            return self._last_jit[1]
+        outs = [np.asarray(o) for o in jax.jit(_fn(case, self.call))(*_on_device(_present(case)))]
+        self._last_jit = (case, outs)
+        return outs
 
     def run(self, case: Case, mode: str) -> list[np.ndarray]:
         f = _fn(case, self.call)
-        xs = [jnp.asarray(x) for x in _present(case)]
         if mode == "jit":
             return self._jit(case)
         if mode == "vmap":
-            stacked = [jnp.stack([x, x]) for x in xs]
+            stacked = _on_device(np.stack([x, x]) for x in _present(case))
             outs = jax.jit(jax.vmap(f))(*stacked)
             res = []
             for i, o in enumerate(outs):
@@ -106,7 +118,8 @@ class XlaBackend(Backend):
                 res.append(a)
             return res
         if mode == "eval_shape":
-            shapes = jax.eval_shape(f, *xs)
+            shapes = jax.eval_shape(f, *[jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+                                         for x in _present(case)])
             outs = self._jit(case)
             got = [(tuple(s.shape), np.dtype(s.dtype).name) for s in shapes]
             want = [(tuple(o.shape), o.dtype.name) for o in outs]
