@@ -5,9 +5,10 @@ Modes:
 - ``jit``: the op under ``jax.jit``.
 - ``vmap``: every present input stacked twice along a new leading axis, the op under
   ``jax.jit(jax.vmap(...))``; both slices must be bitwise identical, slice 0 is returned.
-- ``eval_shape``: ``jax.eval_shape`` (abstract evaluation: kernel-core's shape inference via
-  ``polyop.infer``) must give exactly the shapes and dtypes of the jitted outputs, which the
-  harness then checks against the NumPy reference; the jitted outputs are returned.
+- ``eval_shape``: ``jax.eval_shape`` over abstract inputs (kernel-core's shape inference via
+  ``polyop.infer``) must give exactly the shapes and dtypes of the jitted outputs (the ``jit``
+  mode's, when it just ran the same case), which the harness then checks against the NumPy
+  reference; the jitted outputs are returned.
 
 Gradients: ``jax.test_util.check_grads(order=1, modes=["rev"])`` in float64 over the float
 inputs (``jax_enable_x64`` is switched on when this module is imported). ``nonzero`` (a
