@@ -130,10 +130,10 @@ class XlaBackend(Backend):
         raise ValueError(f"unknown mode {mode!r}")
 
     def check_grad(self, case: Case) -> None:
-        present = [x for x in case.inputs if x is not None]
+        present = _present(case)
         diff = [np.issubdtype(np.asarray(x).dtype, np.floating) for x in present]
         f = _fn(case, self.call)
-        consts = [jnp.asarray(x) for x in present]
+        consts = _on_device(present)
 
         def g(*dx):
             it = iter(dx)
@@ -141,7 +141,7 @@ class XlaBackend(Backend):
             outs = f(*args)
             return tuple(o for o in outs if jnp.issubdtype(o.dtype, jnp.inexact))
 
-        args = tuple(jnp.asarray(x, dtype=jnp.float64) for x, d in zip(present, diff) if d)
+        args = tuple(_on_device(np.asarray(x, np.float64) for x, d in zip(present, diff) if d))
         check_grads(g, args, order=1, modes=["rev"])
 
     def error(self, case: Case, mode: str) -> BaseException:
