@@ -4,6 +4,7 @@ whose tests it hid, and a step that hangs fails with its name (no step may stall
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -106,6 +107,38 @@ def test_examples_targets_are_kept_per_checkout_and_the_workspace_target_shared(
     assert len(list((cache / "checkouts").iterdir())) == 3
     assert not seen["a"]["examples/rust_ort/target"].exists()  # the least recently used
     assert all(seen[n]["examples/rust_ort/target"].is_dir() for n in "bcd")
+
+
+# A checkout's path baked in at compile time: `env!("CARGO_MANIFEST_DIR")` (or `option_env!`).
+_BAKED_PATH = re.compile(r'\b(?:option_)?env!\(\s*"CARGO_MANIFEST_DIR"')
+
+
+def _baked_paths(root: Path) -> list[str]:
+    """The lines of the workspace's Rust sources (not the examples', whose targets are per
+    checkout) that bake their checkout's directory into what they build."""
+    hits = []
+    for top in ["crates", "kernels", "adapters"]:
+        for f in sorted((root / top).rglob("*.rs")):
+            if "target" in f.relative_to(root).parts:
+                continue
+            for n, line in enumerate(f.read_text().splitlines(), 1):
+                if _BAKED_PATH.search(line.split("//")[0]):
+                    hits.append(f"{f.relative_to(root)}:{n}: {line.strip()}")
+    return hits
+
+
+def test_no_workspace_build_bakes_in_its_checkouts_path(tmp_path):
+    """The workspace's target/ is shared between checkouts at different paths, and cargo
+    counts a unit built in one checkout as fresh in another (its fingerprint holds paths
+    relative to the workspace). A test binary with its checkout's path compiled in failed in
+    the official run pointing into a clone since deleted (author_build: "examples/swiglu/
+    Cargo.toml" under /tmp/ci-check): tests read CARGO_MANIFEST_DIR when they run, build
+    scripts write what the link needs into OUT_DIR."""
+    assert _baked_paths(REPO) == []
+    planted = tmp_path / "crates" / "x" / "tests"
+    planted.mkdir(parents=True)
+    (planted / "t.rs").write_text('let d = env!("CARGO_MANIFEST_DIR");\n// env!("CARGO_MANIFEST_DIR")\n')
+    assert _baked_paths(tmp_path) == ['crates/x/tests/t.rs:1: let d = env!("CARGO_MANIFEST_DIR");']
 
 
 def test_every_committed_lockfile_is_current():

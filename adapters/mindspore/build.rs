@@ -7,7 +7,13 @@
 use std::fmt::Write;
 
 fn main() {
-    for f in ["cxx/aot.cpp", "cxx/aot.h", "src/sys.rs", "build.rs"] {
+    for f in [
+        "cxx/aot.cpp",
+        "cxx/aot.h",
+        "cxx/exports.map",
+        "src/sys.rs",
+        "build.rs",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     let mut exports = String::from("#include \"polyop-mindspore/cxx/aot.h\"\n");
@@ -40,8 +46,13 @@ fn main() {
     // MindSpore dlopens and dlcloses the library around every shape and type inference: never
     // unloaded, it is not loaded again (with its registry built again) on every call.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    // The script from OUT_DIR, not the checkout: this build's output (the link line) is kept
+    // in a target directory CI shares between checkouts at different paths, and a relink from
+    // a checkout elsewhere must not name a file in a clone that may be gone.
+    let map = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("exports.map");
+    std::fs::copy("cxx/exports.map", &map).unwrap();
     println!(
-        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}/cxx/exports.map",
-        env!("CARGO_MANIFEST_DIR")
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        map.display()
     );
 }

@@ -10,8 +10,12 @@ use ort::value::Tensor;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+/// This crate's directory, read when the test runs (cargo test sets it), not baked in at
+/// compile time: CI shares one target directory between checkouts at different paths, and
+/// cargo counts a test binary built in another checkout as fresh (it failed pointing into a
+/// clone that had been deleted).
 fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo test"))
 }
 
 /// onnxruntime's shared library: `$ORT_DYLIB_PATH`, else the repository venv's wheel.
