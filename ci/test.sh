@@ -150,6 +150,10 @@ summary() {
 # found its own units fresh and linked the other checkout's rlib of polyop-onnxruntime, built
 # against another kernel_core: "multiple different versions of crate `kernel_core`", 20 tests
 # failed. (The workspace's own crates are hashed by their paths inside it: target/ is shared.)
+# Shared, so nothing built there may hold its checkout's path: a test binary with an
+# `env!("CARGO_MANIFEST_DIR")` built in a clone was fresh in the next checkout and read from
+# the deleted clone (6 tests failed). Tests read it when they run, build scripts put the files
+# a link needs in OUT_DIR; tests/test_ci.py fails on the macro.
 CACHED_DIRS=(target examples/guide/target examples/pipeline/serve/target
     examples/rust_ort/target examples/rust_ort_ep/target examples/rust_tch/target examples/rust_tf/target
     examples/swiglu/target .cache/compat)
